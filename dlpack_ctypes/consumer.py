@@ -1,0 +1,490 @@
+"""Consuming DLPack capsules from pure Python.
+
+:func:`from_dlpack` negotiates with any producer (an object with ``__dlpack__``, or a raw
+capsule), validates the managed tensor completely *before* taking ownership, renames the capsule
+to ``used_dltensor[_versioned]``, and returns a :class:`DLPackTensor` that owns it. The producer's
+deleter runs exactly once, when the tensor and every numpy view made from it are gone, or
+earlier if :meth:`DLPackTensor.close` is called while no view exists.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+from collections.abc import Callable
+from typing import Any, Final
+
+import numpy as np
+
+from dlpack_ctypes import _capi
+from dlpack_ctypes.abi import (
+    DLPACK_FLAG_BITMASK_IS_COPIED,
+    DLPACK_FLAG_BITMASK_READ_ONLY,
+    NAME_DLTENSOR,
+    NAME_DLTENSOR_VERSIONED,
+    DLDeviceType,
+)
+from dlpack_ctypes.dtypes import VALID_BITS, DataType, to_numpy_dtype
+from dlpack_ctypes.producer import _C_STRIDES, DELETER_ADDRESS, HOST_DEVICES, _deleter_impl
+
+__all__ = ["DLPackTensor", "consume", "from_dlpack"]
+
+_MAX_NDIM: Final = 64
+_REQUEST_VERSION: Final = (1, 3)
+
+# A byte view of the whole address space, for reading the structs a producer hands us at their
+# absolute addresses with precompiled struct formats (3x cheaper than ctypes.string_at).
+_MEM: Final = memoryview((ctypes.c_char * sys.maxsize).from_address(0)).cast("B")
+_VERSIONED_HEAD = struct.Struct("@IIPPQ")  # version, manager_ctx, deleter, flags
+_DLTENSOR = struct.Struct("@PiiiBBHPPQ")  # DLTensor
+_LEGACY_DELETER_OFFSET: Final = 56
+_VERSIONED_TENSOR_OFFSET: Final = 32
+_unpack_versioned = _VERSIONED_HEAD.unpack_from
+_unpack_tensor = _DLTENSOR.unpack_from
+_unpack_ptr = struct.Struct("@P").unpack_from
+_INT64S = [struct.Struct(f"@{n}q").unpack_from for n in range(_MAX_NDIM + 1)]
+_DEVICE_TYPES: Final = frozenset(int(d) for d in DLDeviceType)
+_DEVICE_ENUM: Final = {int(d): d for d in DLDeviceType}
+
+_get_name = _capi.PyCapsule_GetName
+_get_pointer = _capi.PyCapsule_GetPointer
+_set_name = _capi.PyCapsule_SetName
+_CapsuleType = _capi.CapsuleType
+
+# Foreign deleters wrapped once per address. CFUNCTYPE releases the GIL around the call, as the
+# DLPack deleter contract expects.
+_FOREIGN_DELETERS: dict[int, Callable[[int], None]] = {DELETER_ADDRESS: _deleter_impl}
+_capi.immortalize(_FOREIGN_DELETERS)
+
+
+def _deleter_for(address: int) -> Callable[[int], None]:
+    fn = _FOREIGN_DELETERS.get(address)
+    if fn is None:
+        thunk = _capi.VOIDFN(address)
+        _capi.immortalize(thunk)
+        fn = _FOREIGN_DELETERS[address] = thunk
+    return fn
+
+
+class _Owner:
+    """Holds the managed tensor; calls its deleter exactly once when garbage.
+
+    numpy views made by :meth:`DLPackTensor.numpy` have this object as their ``base``.
+    """
+
+    __slots__ = ("__array_interface__", "__weakref__", "_addr", "_fn")
+    __array_interface__: dict[str, Any]
+
+    def __init__(self, addr: int, fn: Callable[[int], None] | None) -> None:
+        self._addr = addr
+        self._fn = fn
+
+    def __del__(self) -> None:
+        fn = self._fn
+        if fn is not None:
+            self._fn = None
+            fn(self._addr)
+
+
+# DataType -> (typestr of the array the interface describes, itemsize, target): target is True
+# when that typestr is the dtype itself, a numpy dtype to view the raw integers as (ml_dtypes'
+# bfloat16/float8), or None when numpy has no dtype (only a raw view is possible).
+_VIEW_INFO: dict[DataType, tuple[str, int, np.dtype[Any] | bool | None]] = {}
+
+
+def _view_info(dtype: DataType) -> tuple[str, int, np.dtype[Any] | bool | None]:
+    np_dtype = to_numpy_dtype(dtype)
+    info: tuple[str, int, np.dtype[Any] | bool | None]
+    if np_dtype is not None and np_dtype.type.__module__ == "numpy":
+        info = (np_dtype.str, np_dtype.itemsize, True)
+    elif dtype.lanes == 1 and dtype.bits % 8 == 0 and dtype.bits <= 64:
+        raw = np.dtype(f"u{dtype.bits // 8}")
+        info = (raw.str, raw.itemsize, np_dtype)
+    else:
+        raise BufferError(f"DLPackTensor.numpy: numpy cannot view {dtype!r}")
+    _VIEW_INFO[dtype] = info
+    return info
+
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    found = _C_STRIDES.get(shape)
+    if found is None:
+        acc = 1
+        out = [0] * len(shape)
+        for i in range(len(shape) - 1, -1, -1):
+            out[i] = acc
+            acc *= max(shape[i], 1)
+        if len(_C_STRIDES) > 4096:
+            _C_STRIDES.clear()
+        found = _C_STRIDES[shape] = tuple(out)
+    return found
+
+
+class DLPackTensor:
+    """A consumed DLPack tensor: owns the producer's managed tensor until released.
+
+    Attributes:
+        data: address of the first element (``byte_offset`` already added).
+        byte_offset: the producer's ``byte_offset`` (informational; folded into ``data``).
+        device: ``(DLDeviceType, device_id)``.
+        dtype: the raw :class:`~dlpack_ctypes.dtypes.DataType`.
+        shape: dimensions.
+        strides: strides in elements (C-order strides when the producer sent NULL).
+        readonly: READ_ONLY was set (legacy capsules are treated as writable).
+        version: ``(major, minor)`` of a versioned capsule, None for a legacy one.
+        flags: the raw flags of a versioned capsule (0 for legacy).
+    """
+
+    __slots__ = (
+        "_owner",
+        "byte_offset",
+        "data",
+        "device",
+        "dtype",
+        "flags",
+        "shape",
+        "strides",
+        "version",
+    )
+
+    _owner: _Owner | None
+    data: int
+    byte_offset: int
+    device: tuple[DLDeviceType, int]
+    dtype: DataType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    version: tuple[int, int] | None
+    flags: int
+
+    @property
+    def readonly(self) -> bool:
+        """READ_ONLY is set (legacy capsules cannot say so and import writable)."""
+        return bool(self.flags & DLPACK_FLAG_BITMASK_READ_ONLY)
+
+    def __repr__(self) -> str:
+        state = "" if self._owner is not None else ", closed"
+        return (
+            f"DLPackTensor(shape={self.shape}, dtype={self.dtype!r}, "
+            f"device=({self.device[0].name}, {self.device[1]}), readonly={self.readonly}{state})"
+        )
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes spanned by the elements, ``size * itemsize``."""
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_copied(self) -> bool:
+        """The producer set IS_COPIED: this tensor's data is exclusively ours."""
+        return bool(self.flags & DLPACK_FLAG_BITMASK_IS_COPIED)
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`close` was called."""
+        return self._owner is None
+
+    def is_c_contiguous(self) -> bool:
+        """Elements are dense in C order (size-1 dimensions and empty tensors always pass)."""
+        if self.size == 0:
+            return True
+        expected = 1
+        for n, s in zip(reversed(self.shape), reversed(self.strides)):
+            if n != 1:
+                if s != expected:
+                    return False
+                expected *= n
+        return True
+
+    def numpy(self, *, raw: bool = False) -> np.ndarray[Any, Any]:
+        """A zero-copy numpy view; it keeps the managed tensor alive.
+
+        Args:
+            raw: view types numpy lacks (bfloat16 and float8 without ``ml_dtypes``) as unsigned
+                integers of the same width instead of raising.
+
+        Raises:
+            BufferError: the memory is not host-accessible, the tensor is closed, or numpy has no
+                dtype for it (and ``raw`` is False or lanes != 1).
+        """
+        owner = self._owner
+        if owner is None:
+            raise BufferError("DLPackTensor.numpy: the tensor was closed")
+        if getattr(owner, "__array_interface__", None) is None:
+            owner.__array_interface__ = self._interface()
+        target = _VIEW_INFO[self.dtype][2]
+        arr: np.ndarray[Any, Any] = np.asarray(owner)
+        if target is True or raw:
+            return arr
+        if target is None:
+            raise BufferError(
+                f"DLPackTensor.numpy: numpy has no dtype for {self.dtype!r}; install "
+                "ml_dtypes for bfloat16/float8, or pass raw=True for an integer view"
+            )
+        return arr.view(target)
+
+    def _interface(self) -> dict[str, Any]:
+        if self.device[0] not in HOST_DEVICES:
+            raise BufferError(
+                f"DLPackTensor.numpy: memory on device={self.device!r} is not host-accessible"
+            )
+        typestr, itemsize, _target = _VIEW_INFO.get(self.dtype) or _view_info(self.dtype)
+        shape = self.shape
+        strides = self.strides
+        return {
+            "data": (self.data, self.readonly),
+            "shape": shape,
+            "strides": None if strides == _c_strides(shape) else tuple(
+                [s * itemsize for s in strides]),
+            "typestr": typestr,
+            "version": 3,
+        }
+
+    def close(self) -> None:
+        """Give up this object's claim on the managed tensor.
+
+        The deleter runs now if no numpy view made by :meth:`numpy` is alive, otherwise when the
+        last view dies. Idempotent.
+        """
+        self._owner = None
+
+    def __enter__(self) -> DLPackTensor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def consume(
+    capsule: object,
+    *,
+    check: Callable[[DLPackTensor], None] | None = None,
+) -> DLPackTensor:
+    """Take ownership of a DLPack capsule (``"dltensor"`` or ``"dltensor_versioned"``).
+
+    Everything is validated before the capsule is renamed; on any failure before that point the
+    capsule is left as it was, so its producer still frees it.
+
+    Args:
+        capsule: a fresh DLPack capsule.
+        check: extra validation run on the parsed tensor before the capsule is renamed; if it
+            raises, the capsule is left unconsumed and the error propagates.
+
+    Raises:
+        TypeError: ``capsule`` is not a PyCapsule.
+        ValueError: the capsule was already consumed (``used_...``) or is not a DLPack capsule.
+        BufferError: versioned major != 1, or an invalid tensor (unknown device type or dtype
+            code, bad bits, negative ndim or shape, NULL data for a non-empty tensor ...).
+    """
+    if type(capsule) is not _CapsuleType:
+        raise TypeError(f"consume expects a PyCapsule: got {type(capsule).__name__}")
+    mem = _MEM
+    try:
+        # Versioned is what modern producers return for our max_version request; trying it
+        # first saves a PyCapsule_GetName call on the hot path.
+        ptr = _get_pointer(capsule, _capi.ADDR_DLTENSOR_VERSIONED) or 0
+    except ValueError:
+        ptr = 0
+    if ptr:
+        major, minor, _ctx, deleter, flags = _unpack_versioned(mem, ptr)
+        if major != 1:
+            raise BufferError(
+                f"unsupported DLPack version: {major}.{minor}; this consumer understands 1.x"
+            )
+        fields = _unpack_tensor(mem, ptr + _VERSIONED_TENSOR_OFFSET)
+        version: tuple[int, int] | None = (major, minor)
+        used_name = _capi.ADDR_USED_DLTENSOR_VERSIONED
+    else:
+        name = _get_name(capsule)
+        if name == NAME_DLTENSOR:
+            ptr = _get_pointer(capsule, _capi.ADDR_DLTENSOR) or 0
+            fields = _unpack_tensor(mem, ptr)
+            (deleter,) = _unpack_ptr(mem, ptr + _LEGACY_DELETER_OFFSET)
+            flags = 0
+            version = None
+            used_name = _capi.ADDR_USED_DLTENSOR
+        elif name is not None and name.startswith(b"used_"):
+            raise ValueError(
+                f"DLPack capsule was already consumed: name={name.decode(errors='replace')!r}"
+            )
+        else:
+            raise ValueError(
+                f"not a DLPack capsule: name={name!r}, expected {NAME_DLTENSOR!r} or "
+                f"{NAME_DLTENSOR_VERSIONED!r}"
+            )
+    tensor = _parse(fields, flags, version)
+    if check is not None:
+        check(tensor)
+    _set_name(capsule, used_name)
+    # Owned from here on: every failure below must still release it exactly once, which the
+    # owner's finaliser guarantees as soon as it exists.
+    tensor._owner = _Owner(ptr, _deleter_for(deleter) if deleter else None)
+    return tensor
+
+
+_VALID_DTYPES: dict[tuple[int, int, int], DataType] = {}
+
+
+def _dtype_of(code: int, bits: int, lanes: int) -> DataType:
+    key = (code, bits, lanes)
+    found = _VALID_DTYPES.get(key)
+    if found is not None:
+        return found
+    valid_bits = VALID_BITS.get(code)
+    if valid_bits is None:
+        raise BufferError(f"invalid DLPack tensor: unknown dtype code {code}")
+    if bits not in valid_bits or lanes < 1:
+        raise BufferError(
+            f"invalid DLPack tensor: dtype code {code} with {bits=} {lanes=} is not valid"
+        )
+    found = _VALID_DTYPES[key] = DataType(code, bits, lanes)
+    return found
+
+
+def _slow_checks(dev_type: int, code: int, bits: int, lanes: int, ndim: int) -> DataType:
+    if dev_type not in _DEVICE_ENUM:
+        raise BufferError(f"invalid DLPack tensor: unknown device type {dev_type}")
+    if not 0 <= ndim <= _MAX_NDIM:
+        raise BufferError(f"invalid DLPack tensor: {ndim=} outside [0, {_MAX_NDIM}]")
+    return _dtype_of(code, bits, lanes)
+
+
+def _check_sizes(shape: tuple[int, ...], data: int | None) -> None:
+    size = 1
+    for n in shape:
+        if n < 0:
+            raise BufferError(f"invalid DLPack tensor: negative dimension in {shape=}")
+        size *= n
+    if size and not data:
+        raise BufferError(f"invalid DLPack tensor: NULL data pointer with {shape=}")
+
+
+def _parse(fields: tuple[Any, ...], flags: int, version: tuple[int, int] | None) -> DLPackTensor:
+    data, dev_type, dev_id, ndim, code, bits, lanes, shape_ptr, strides_ptr, byte_offset = fields
+    dev = _DEVICE_ENUM.get(dev_type)
+    dtype = _VALID_DTYPES.get((code, bits, lanes))
+    if dev is None or dtype is None or not 0 <= ndim <= _MAX_NDIM:
+        dtype = _slow_checks(dev_type, code, bits, lanes, ndim)
+        dev = _DEVICE_ENUM[dev_type]
+    if ndim:
+        if not shape_ptr:
+            raise BufferError(f"invalid DLPack tensor: NULL shape with {ndim=}")
+        unpack = _INT64S[ndim]
+        shape = unpack(_MEM, shape_ptr)
+        if not data or min(shape) <= 0:
+            _check_sizes(shape, data)
+        strides = unpack(_MEM, strides_ptr) if strides_ptr else _c_strides(shape)
+    elif not data:
+        raise BufferError("invalid DLPack tensor: NULL data pointer for a 0-d tensor")
+    else:
+        shape = strides = ()
+    tensor = _new_tensor(DLPackTensor)
+    tensor._owner = None
+    tensor.data = (data or 0) + byte_offset
+    tensor.byte_offset = byte_offset
+    tensor.device = (dev, dev_id)
+    tensor.dtype = dtype
+    tensor.shape = shape
+    tensor.strides = strides
+    tensor.flags = flags
+    tensor.version = version
+    return tensor
+
+
+_new_tensor = object.__new__
+
+
+def from_dlpack(
+    obj: object,
+    *,
+    device: tuple[int, int] | None = None,
+    copy: bool | None = None,
+    stream: object = None,
+    check: Callable[[DLPackTensor], None] | None = None,
+) -> DLPackTensor:
+    """Import any DLPack producer (or a raw capsule) without copying.
+
+    Asks the producer for ``max_version=(1, 3)``; if it raises TypeError and the caller asked
+    for neither ``device`` nor ``copy``, retries the legacy call (``stream`` only).
+
+    Args:
+        obj: an object with ``__dlpack__`` (numpy, torch, JAX, CuPy ...) or a DLPack capsule.
+        device: passed to the producer as ``dl_device``.
+        copy: passed to the producer.
+        stream: passed to the producer when not None (the consumer's stream, DLPack rules).
+        check: see :func:`consume`.
+
+    Raises:
+        TypeError: ``obj`` is neither a capsule nor a DLPack producer, or the producer rejected
+            the arguments.
+        ValueError: a raw capsule combined with ``device``/``copy``/``stream`` (nothing to
+            negotiate with), or an already consumed capsule.
+        BufferError: the producer refused, or the tensor is invalid (see :func:`consume`).
+    """
+    if type(obj) is _CapsuleType:
+        if device is not None or copy is not None or stream is not None:
+            raise ValueError(
+                "from_dlpack: device, copy and stream cannot be negotiated with a raw capsule"
+            )
+        return consume(obj, check=check)
+    method = getattr(obj, "__dlpack__", None)
+    if method is None:
+        raise TypeError(
+            f"from_dlpack expects a DLPack capsule or an object with __dlpack__: "
+            f"got {type(obj).__name__}"
+        )
+    if stream is None and device is None and copy is None:
+        try:
+            capsule = method(max_version=_REQUEST_VERSION)
+        except TypeError:
+            capsule = method()
+        return consume(capsule, check=check)
+    kwargs: dict[str, Any] = {"max_version": _REQUEST_VERSION}
+    if stream is not None:
+        kwargs["stream"] = stream
+    if device is not None:
+        kwargs["dl_device"] = device
+    if copy is not None:
+        kwargs["copy"] = copy
+    try:
+        capsule = method(**kwargs)
+    except TypeError:
+        if device is not None or copy is not None:
+            raise
+        capsule = method() if stream is None else method(stream=stream)
+    return consume(capsule, check=check)
+
+
+def _host_view(
+    data: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: DataType,
+    owner: object,
+) -> np.ndarray[Any, Any]:
+    """A numpy view of host memory described by DLPack fields, keeping ``owner`` alive."""
+    view_owner = _Owner(0, None)
+    tensor = _new_tensor(DLPackTensor)
+    tensor._owner = view_owner
+    tensor.data, tensor.byte_offset = data, 0
+    tensor.device = (DLDeviceType.kDLCPU, 0)
+    tensor.dtype, tensor.shape, tensor.strides = dtype, shape, strides
+    tensor.version, tensor.flags = None, 0
+    arr = tensor.numpy(raw=True)
+    # Keep the memory's owner alive through the view's base object.
+    view_owner._fn = lambda _addr, _keep=owner: None
+    return arr
