@@ -1,0 +1,405 @@
+"""The heap inside a shared-memory pool: layout, free lists, crash repair (private).
+
+:mod:`pb_tensor._shm_pool` maps the segment and serialises access; everything here runs on a
+mapping with the pool lock held and knows nothing about processes.
+
+Layout (native byte order, as Triton's C structs)::
+
+    offset 0        pool header (HEADER_SIZE bytes): magic, layout version, total size, growth
+                    step, maximum, dirty pid, statistics, 64 free-list heads
+    HEADER_SIZE     blocks: [block header 48 B][ref-count prefix 16 B][user data ...]
+    total - 64      END sentinel, a block that is always "in use" so coalescing stops there
+
+Block sizes are multiples of 64 and include the header, so user data is 64-byte aligned.
+A block header holds boundary tags (its size and the size of the block before it, for O(1)
+coalescing) and the free-list links. The handle points at the ref-count prefix, as upstream's
+``AllocatedShmOwnership`` (``alignas(16) uint32 ref_count``). Free blocks sit in 64 bins by
+``floor(log2(size))``; a bitmap of non-empty bins finds a larger bin in one step.
+
+Crash safety: every mutation of the free lists sets the header's *dirty* word first and clears
+it last. A process that finds it set while holding the lock knows the previous holder died
+mid-mutation; :func:`walk` with ``repair=True`` rebuilds boundary tags, free lists and counters
+from the block sizes alone, which every mutation keeps walkable at each step.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from mmap import mmap
+from typing import Final
+
+from pb_tensor.errors import TritonModelException
+
+POOL_MAGIC: Final = b"PBTSHM\x00\x01"
+LAYOUT_VERSION: Final = 1
+HEADER_SIZE: Final = 1024
+POOL_HEAD = struct.Struct("=8sIIQQQ")  # magic, version, header size, total, growth, max
+OFF_TOTAL: Final = 16  # commit point of growth: every process maps up to here
+OFF_GROWTH: Final = 24
+OFF_MAX: Final = 32  # 0: no maximum
+OFF_DIRTY: Final = 40  # pid of a process in the middle of a heap mutation, else 0
+OFF_USED: Final = 48  # bytes in allocated blocks (headers included)
+OFF_NALLOC: Final = 56  # number of allocated blocks
+OFF_BITMAP: Final = 64  # bit b set <=> free-list bin b is non-empty
+OFF_RECOVERIES: Final = 72  # how many times the heap was rebuilt after a crash
+OFF_BROKEN: Final = 80  # non-zero once the heap was found beyond repair
+OFF_BINS: Final = 128  # 64 free-list heads; bin b holds free blocks of size [2**b, 2**(b+1))
+NBINS: Final = 64
+
+BLOCK_MAGIC: Final = 0x4B4C4250  # "PBLK"
+BLOCK = struct.Struct("=IIQQQQQI")  # magic, state, size, prev size, nbytes, next, prev, refcount
+BLOCK_HDR: Final = 48  # handle = block + 48 (the ref-count prefix)
+PREFIX: Final = 16  # upstream's alignas(16) AllocatedShmOwnership { uint32 ref_count; }
+DATA: Final = BLOCK_HDR + PREFIX  # user data = block + 64
+ALIGN: Final = 64
+OFF_STATE: Final = 4
+OFF_SIZE: Final = 8
+OFF_PREV: Final = 16
+OFF_NEXT_FREE: Final = 32
+OFF_PREV_FREE: Final = 40
+MIN_SPLIT: Final = 128  # a leftover smaller than this stays with the allocation
+SCAN_LIMIT: Final = 32  # first-fit probes in the exact bin before taking a larger bin
+MAX_REFCOUNT: Final = 0xFFFF_FFFF
+
+FREE: Final = 0
+RAW: Final = 1  # from SharedMemoryPool.allocate
+RECORD: Final = 2  # a tensor record (pb_tensor.shm.save_record)
+END: Final = 3  # the sentinel at the end of the heap
+
+U32 = struct.Struct("=I")
+U64 = struct.Struct("=Q")
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """A checked snapshot of a pool's heap, from ``SharedMemoryPool.stats()``.
+
+    Sizes are in bytes and include the 64-byte block headers; ``recoveries`` counts heap
+    rebuilds after a process died while changing it.
+    """
+
+    size: int
+    used: int
+    free: int
+    allocations: int
+    free_blocks: int
+    largest_free: int
+    recoveries: int
+
+
+def block_size(nbytes: int) -> int:
+    """Size of the block that holds ``nbytes`` of user data."""
+    return DATA + ((nbytes + ALIGN - 1) & -ALIGN)
+
+
+def init_heap(fd: int, size: int, growth: int, max_size: int) -> None:
+    """Write the pool header, one free block and the END sentinel into a fresh segment."""
+    head = bytearray(HEADER_SIZE + DATA)
+    POOL_HEAD.pack_into(head, 0, POOL_MAGIC, LAYOUT_VERSION, HEADER_SIZE, size, growth, max_size)
+    free_size = size - HEADER_SIZE - ALIGN
+    b = free_size.bit_length() - 1
+    U64.pack_into(head, OFF_BITMAP, 1 << b)
+    U64.pack_into(head, OFF_BINS + 8 * b, HEADER_SIZE)
+    BLOCK.pack_into(head, HEADER_SIZE, BLOCK_MAGIC, FREE, free_size, 0, 0, 0, 0, 0)
+    os.pwrite(fd, bytes(head), 0)
+    sentinel = bytearray(DATA)
+    BLOCK.pack_into(sentinel, 0, BLOCK_MAGIC, END, ALIGN, free_size, 0, 0, 0, 1)
+    os.pwrite(fd, bytes(sentinel), size - ALIGN)
+
+
+def _corrupted(name: str, what: str) -> TritonModelException:
+    return TritonModelException(f"Shared memory pool '{name}' is corrupted: {what}")
+
+
+def find_fit(mm: mmap, need: int, mapped: int, name: str) -> int:
+    """Offset of a free block of at least ``need`` bytes, or 0 when none fits.
+
+    Raises:
+        TritonModelException: a free-list link points outside the heap or loops.
+    """
+    bitmap = U64.unpack_from(mm, OFF_BITMAP)[0]
+    b = need.bit_length() - 1
+    # First fit among the first few blocks of the exact bin (sizes [2**b, 2**(b+1))) ...
+    off = U64.unpack_from(mm, OFF_BINS + 8 * b)[0] if bitmap >> b & 1 else 0
+    # A heap of `mapped` bytes holds fewer blocks than this: more steps means a loop.
+    steps = mapped // ALIGN
+    probes = 0
+    while off:
+        if off < HEADER_SIZE or off > mapped - 2 * ALIGN or off % ALIGN or probes > steps:
+            raise _corrupted(name, f"free list {b} points at offset {off}")
+        if U64.unpack_from(mm, off + OFF_SIZE)[0] >= need:
+            return int(off)
+        off = U64.unpack_from(mm, off + OFF_NEXT_FREE)[0]
+        probes += 1
+        if probes == SCAN_LIMIT:
+            # ... then the head of the first non-empty larger bin: any of its blocks fits ...
+            larger = _larger_bin_head(mm, bitmap, b)
+            if larger:
+                return larger
+    if probes < SCAN_LIMIT:
+        return _larger_bin_head(mm, bitmap, b)
+    return 0  # ... and having scanned the whole exact bin, nothing fits: grow.
+
+
+def _larger_bin_head(mm: mmap, bitmap: int, b: int) -> int:
+    higher = bitmap >> (b + 1) << (b + 1)
+    if not higher:
+        return 0
+    return int(U64.unpack_from(mm, OFF_BINS + 8 * ((higher & -higher).bit_length() - 1))[0])
+
+
+def _bin_insert(mm: mmap, off: int, size: int) -> None:
+    b = size.bit_length() - 1
+    slot = OFF_BINS + 8 * b
+    head = U64.unpack_from(mm, slot)[0]
+    U64.pack_into(mm, off + OFF_NEXT_FREE, head)
+    U64.pack_into(mm, off + OFF_PREV_FREE, 0)
+    if head:
+        U64.pack_into(mm, head + OFF_PREV_FREE, off)
+    U64.pack_into(mm, slot, off)
+    U64.pack_into(mm, OFF_BITMAP, U64.unpack_from(mm, OFF_BITMAP)[0] | 1 << b)
+
+
+def _bin_remove(mm: mmap, size: int, nxt: int, prv: int) -> None:
+    if prv:
+        U64.pack_into(mm, prv + OFF_NEXT_FREE, nxt)
+    else:
+        b = size.bit_length() - 1
+        U64.pack_into(mm, OFF_BINS + 8 * b, nxt)
+        if not nxt:
+            U64.pack_into(mm, OFF_BITMAP, U64.unpack_from(mm, OFF_BITMAP)[0] & ~(1 << b))
+    if nxt:
+        U64.pack_into(mm, nxt + OFF_PREV_FREE, prv)
+
+
+def _coalesce_and_insert(mm: mmap, off: int) -> None:
+    """Merge free block ``off`` with free neighbours and put the result in its bin."""
+    _, _, size, prev_size, _, _, _, _ = BLOCK.unpack_from(mm, off)
+    _, n_state, n_size, _, _, n_next, n_prev, _ = BLOCK.unpack_from(mm, off + size)
+    if n_state == FREE:
+        _bin_remove(mm, n_size, n_next, n_prev)
+        size += n_size
+        U64.pack_into(mm, off + OFF_SIZE, size)
+    if prev_size:
+        _, p_state, p_size, _, _, p_next, p_prev, _ = BLOCK.unpack_from(mm, off - prev_size)
+        if p_state == FREE:
+            _bin_remove(mm, p_size, p_next, p_prev)
+            size += p_size
+            off -= prev_size
+            U64.pack_into(mm, off + OFF_SIZE, size)
+    U64.pack_into(mm, off + size + OFF_PREV, size)
+    _bin_insert(mm, off, size)
+
+
+def allocate_block(
+    mm: mmap, off: int, need: int, nbytes: int, state: int, mapped: int, name: str
+) -> None:
+    """Turn free block ``off`` (from :func:`find_fit`) into an allocation, ref count 1.
+
+    Raises:
+        TritonModelException: the block is not a free block that fits (corrupted free list).
+    """
+    if off < HEADER_SIZE or off % ALIGN or off > mapped - 2 * ALIGN:
+        raise _corrupted(name, f"the free list points at offset {off}")
+    magic, old_state, size, prev_size, _, nxt, prv, _ = BLOCK.unpack_from(mm, off)
+    if (
+        magic != BLOCK_MAGIC
+        or old_state != FREE
+        or size < need
+        or size % ALIGN
+        or off + size > mapped - ALIGN
+    ):
+        raise _corrupted(name, f"the free list holds a bad block at offset {off}")
+    U64.pack_into(mm, OFF_DIRTY, os.getpid())
+    _bin_remove(mm, size, nxt, prv)
+    rest = size - need
+    if rest >= MIN_SPLIT:
+        # Split: the tail becomes a free block (its neighbour after it is never free).
+        tail = off + need
+        BLOCK.pack_into(mm, tail, BLOCK_MAGIC, FREE, rest, need, 0, 0, 0, 0)
+        U64.pack_into(mm, tail + rest + OFF_PREV, rest)
+        _bin_insert(mm, tail, rest)
+        size = need
+    BLOCK.pack_into(mm, off, BLOCK_MAGIC, state, size, prev_size, nbytes, 0, 0, 1)
+    U64.pack_into(mm, OFF_USED, U64.unpack_from(mm, OFF_USED)[0] + size)
+    U64.pack_into(mm, OFF_NALLOC, U64.unpack_from(mm, OFF_NALLOC)[0] + 1)
+    U64.pack_into(mm, OFF_DIRTY, 0)
+
+
+def free_block(mm: mmap, off: int, name: str) -> None:
+    """Free the allocated block ``off`` (its ref count reached zero)."""
+    _, _, size, prev_size, _, _, _, _ = BLOCK.unpack_from(mm, off)
+    # Refuse, before changing anything, to merge with neighbours whose headers disagree.
+    magic, _, _, prev_of_next, _, _, _, _ = BLOCK.unpack_from(mm, off + size)
+    if magic != BLOCK_MAGIC or prev_of_next != size:
+        raise _corrupted(name, f"the block after offset {off} does not match its size {size}")
+    if prev_size:
+        prv, p_magic, p_size = off - prev_size, 0, 0
+        if prv >= HEADER_SIZE and prev_size % ALIGN == 0:
+            p_magic, _, p_size = BLOCK.unpack_from(mm, prv)[:3]
+        if (p_magic, p_size) != (BLOCK_MAGIC, prev_size):
+            raise _corrupted(name, f"the block before offset {off} does not match its size")
+    U64.pack_into(mm, OFF_DIRTY, os.getpid())
+    U64.pack_into(mm, OFF_USED, U64.unpack_from(mm, OFF_USED)[0] - size)
+    U64.pack_into(mm, OFF_NALLOC, U64.unpack_from(mm, OFF_NALLOC)[0] - 1)
+    BLOCK.pack_into(mm, off, BLOCK_MAGIC, FREE, size, prev_size, 0, 0, 0, 0)
+    _coalesce_and_insert(mm, off)
+    U64.pack_into(mm, OFF_DIRTY, 0)
+
+
+def tail_free_size(mm: mmap, total: int) -> int:
+    """Size of the free block just before the END sentinel (0 if the last block is in use)."""
+    end = total - ALIGN
+    last = end - U64.unpack_from(mm, end + OFF_PREV)[0]
+    if last != end and U32.unpack_from(mm, last + OFF_STATE)[0] == FREE:
+        return int(U64.unpack_from(mm, last + OFF_SIZE)[0])
+    return 0
+
+
+def extend(mm: mmap, total: int, new_total: int) -> None:
+    """Add the space [total, new_total) (already allocated and mapped) to the heap."""
+    U64.pack_into(mm, OFF_DIRTY, os.getpid())
+    # Order matters for crash repair: the new sentinel, then the size commit, then the old
+    # sentinel becomes a free block (walk(repair=True) handles a stale sentinel).
+    grow_by = new_total - total
+    end = total - ALIGN
+    BLOCK.pack_into(mm, new_total - ALIGN, BLOCK_MAGIC, END, ALIGN, grow_by, 0, 0, 0, 1)
+    U64.pack_into(mm, OFF_TOTAL, new_total)
+    prev_size = U64.unpack_from(mm, end + OFF_PREV)[0]
+    BLOCK.pack_into(mm, end, BLOCK_MAGIC, FREE, grow_by, prev_size, 0, 0, 0, 0)
+    _coalesce_and_insert(mm, end)
+    U64.pack_into(mm, OFF_DIRTY, 0)
+
+
+def check_heap(mm: mmap, mapped: int, name: str) -> None:
+    """Refuse a heap found broken; rebuild one that a dead process left mid-mutation.
+
+    Raises:
+        TritonModelException: the heap is (now found) beyond repair.
+    """
+    if U64.unpack_from(mm, OFF_BROKEN)[0]:
+        raise _corrupted(name, "its heap could not be rebuilt after a process died changing it")
+    if U64.unpack_from(mm, OFF_DIRTY)[0]:
+        try:
+            walk(mm, mapped, name, repair=True)
+        except TritonModelException:
+            U64.pack_into(mm, OFF_BROKEN, 1)
+            raise
+        U64.pack_into(mm, OFF_RECOVERIES, U64.unpack_from(mm, OFF_RECOVERIES)[0] + 1)
+        U64.pack_into(mm, OFF_DIRTY, 0)
+
+
+def walk(mm: mmap, mapped: int, name: str, *, repair: bool) -> PoolStats:
+    """Walk every block; check (``repair=False``) or rebuild (``repair=True``) the heap.
+
+    Raises:
+        TritonModelException: a block header is invalid, or (checking) a boundary tag, a free
+            list, the bitmap or a counter disagrees with the blocks.
+    """
+    total = int(U64.unpack_from(mm, OFF_TOTAL)[0])
+    end = total - ALIGN
+    if total > mapped or BLOCK.unpack_from(mm, end)[:3] != (BLOCK_MAGIC, END, ALIGN):
+        raise _corrupted(name, f"no end sentinel at offset {end}")
+    blocks: list[tuple[int, int, int]] = []  # (offset, state, size)
+    off = HEADER_SIZE
+    while off < end:
+        magic, state, size, _, nbytes, _, _, _ = BLOCK.unpack_from(mm, off)
+        if repair and magic == BLOCK_MAGIC and state == END:
+            # A grower died after committing the new size but before turning the old
+            # sentinel into free space: the rest of the heap is free.
+            state, size = FREE, end - off
+        if (
+            magic != BLOCK_MAGIC
+            or state not in (FREE, RAW, RECORD)
+            or size < DATA
+            or size % ALIGN
+            or off + size > end
+            or (state != FREE and nbytes > size - DATA)
+        ):
+            raise _corrupted(
+                name, f"bad block header at offset {off} (magic 0x{magic:08x}, state {state}, "
+                f"size {size})",
+            )  # fmt: skip
+        if repair and state == FREE and blocks and blocks[-1][1] == FREE:
+            prev_off, _, prev_size = blocks.pop()
+            off, size = prev_off, prev_size + size
+        blocks.append((off, state, size))
+        off += size
+    used = sum(size for _, state, size in blocks if state != FREE)
+    free = [(o, size) for o, state, size in blocks if state == FREE]
+    if repair:
+        _rebuild(mm, blocks, end, used, len(blocks) - len(free))
+    else:
+        _verify(mm, blocks, free, end, used, name)
+    return PoolStats(
+        size=total,
+        used=used,
+        free=sum(size for _, size in free),
+        allocations=len(blocks) - len(free),
+        free_blocks=len(free),
+        largest_free=max((size for _, size in free), default=0),
+        recoveries=int(U64.unpack_from(mm, OFF_RECOVERIES)[0]),
+    )
+
+
+def _rebuild(
+    mm: mmap, blocks: list[tuple[int, int, int]], end: int, used: int, allocations: int
+) -> None:
+    for b in range(NBINS):
+        U64.pack_into(mm, OFF_BINS + 8 * b, 0)
+    U64.pack_into(mm, OFF_BITMAP, 0)
+    prev = 0
+    for off, state, size in blocks:
+        U32.pack_into(mm, off + OFF_STATE, state)
+        U64.pack_into(mm, off + OFF_SIZE, size)
+        U64.pack_into(mm, off + OFF_PREV, prev)
+        if state == FREE:
+            U32.pack_into(mm, off + BLOCK_HDR, 0)
+            _bin_insert(mm, off, size)
+        prev = size
+    U64.pack_into(mm, end + OFF_PREV, prev)
+    U64.pack_into(mm, OFF_USED, used)
+    U64.pack_into(mm, OFF_NALLOC, allocations)
+
+
+def _verify(
+    mm: mmap,
+    blocks: list[tuple[int, int, int]],
+    free: list[tuple[int, int]],
+    end: int,
+    used: int,
+    name: str,
+) -> None:
+    prev, prev_state = 0, RAW
+    for off, state, size in blocks:
+        if U64.unpack_from(mm, off + OFF_PREV)[0] != prev:
+            raise _corrupted(name, f"boundary tag of the block at offset {off}")
+        if state == FREE and prev_state == FREE:
+            raise _corrupted(name, f"adjacent free blocks at offset {off}")
+        prev, prev_state = size, state
+    if U64.unpack_from(mm, end + OFF_PREV)[0] != prev:
+        raise _corrupted(name, "boundary tag of the end sentinel")
+    listed: set[int] = set()
+    bitmap = U64.unpack_from(mm, OFF_BITMAP)[0]
+    for b in range(NBINS):
+        off = U64.unpack_from(mm, OFF_BINS + 8 * b)[0]
+        if bool(off) != bool(bitmap >> b & 1):
+            raise _corrupted(name, f"bitmap bit {b}")
+        back = 0
+        while off:
+            if off in listed or len(listed) > len(free):
+                raise _corrupted(name, f"free list {b} loops")
+            listed.add(off)
+            if U64.unpack_from(mm, off + OFF_PREV_FREE)[0] != back:
+                raise _corrupted(name, f"free list {b} back link at offset {off}")
+            if U64.unpack_from(mm, off + OFF_SIZE)[0].bit_length() - 1 != b:
+                raise _corrupted(name, f"block at offset {off} in the wrong bin {b}")
+            back, off = off, U64.unpack_from(mm, off + OFF_NEXT_FREE)[0]
+    if listed != {off for off, _ in free}:
+        raise _corrupted(name, "free lists do not match the free blocks")
+    if U64.unpack_from(mm, OFF_USED)[0] != used:
+        raise _corrupted(name, f"used-bytes counter {U64.unpack_from(mm, OFF_USED)[0]}")
+    if U64.unpack_from(mm, OFF_NALLOC)[0] != len(blocks) - len(free):
+        raise _corrupted(name, f"allocation counter {U64.unpack_from(mm, OFF_NALLOC)[0]}")
