@@ -46,6 +46,11 @@ _unpack_ptr = struct.Struct("@P").unpack_from
 _INT64S = [struct.Struct(f"@{n}q").unpack_from for n in range(_MAX_NDIM + 1)]
 _DEVICE_TYPES: Final = frozenset(int(d) for d in DLDeviceType)
 _DEVICE_ENUM: Final = {int(d): d for d in DLDeviceType}
+# Size-0 tensors may have a NULL data pointer, which numpy < 2.3 rejects in __array_interface__
+# (it then tries to convert the owner object itself): point their views here instead.
+_EMPTY_BUFFER: Final = (ctypes.c_int64 * 8)()
+_capi.immortalize(_EMPTY_BUFFER)
+_EMPTY_DATA: Final = ctypes.addressof(_EMPTY_BUFFER)
 
 _get_name = _capi.PyCapsule_GetName
 _get_pointer = _capi.PyCapsule_GetPointer
@@ -246,7 +251,7 @@ class DLPackTensor:
         shape = self.shape
         strides = self.strides
         return {
-            "data": (self.data, self.readonly),
+            "data": (self.data or _EMPTY_DATA, self.readonly),
             "shape": shape,
             "strides": None if strides == _c_strides(shape) else tuple(
                 [s * itemsize for s in strides]),

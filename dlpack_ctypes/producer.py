@@ -27,10 +27,13 @@ import sys
 import sysconfig
 import threading
 from collections.abc import Sequence
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
-from typing_extensions import CapsuleType
+
+if TYPE_CHECKING:
+    # typing_extensions is not a runtime dependency: only annotations and string casts use it.
+    from typing_extensions import CapsuleType
 
 from dlpack_ctypes import _capi
 from dlpack_ctypes.abi import (
@@ -302,7 +305,7 @@ def _export(
     _pending.append((capsule, addr, name))
     if len(_pending) > _SWEEP_AT[0]:
         _maybe_sweep()
-    return cast(CapsuleType, capsule)
+    return cast("CapsuleType", capsule)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,346 @@
+"""Shared pytest fixtures and helpers.
+
+Sections (add new ones at the end, each under its own banner):
+
+1. dlpack_ctypes leak check: an autouse fixture asserting that no export is alive after a test.
+2. Hand-built DLPack capsules: ``make_capsule`` builds a capsule with plain ctypes, independently
+   of ``dlpack_ctypes``' producer, with a counting deleter and a C-style capsule destructor.
+3. Subprocess runner: ``run_python`` for crash-prone cases (exit, native threads ...).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+import dlpack_ctypes
+from dlpack_ctypes import abi
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dlpack_ctypes.__file__)))
+
+# ================================================================================================
+# 1. dlpack_ctypes leak check
+
+
+@pytest.fixture(autouse=True)
+def _dlpack_no_live_exports() -> Iterator[None]:
+    """Every test must leave ``dlpack_ctypes.live_exports() == 0`` behind (after a gc)."""
+    before = dlpack_ctypes.live_exports()
+    yield
+    gc.collect()
+    live = dlpack_ctypes.live_exports()
+    assert live == 0, (
+        f"dlpack_ctypes leak: {live} export(s) still alive after the test (gc.collect() and "
+        f"flush() done): a deleter did not run, or the test kept a capsule, array or "
+        f"DLPackTensor alive in a global. Live before the test: {before}"
+        + (" (an earlier test leaked)" if before else "")
+    )
+
+
+# ================================================================================================
+# 2. Hand-built DLPack capsules
+
+VOIDFN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_api = ctypes.pythonapi
+# Private prototypes: never set argtypes/restype on ctypes.pythonapi.X (shared by the process).
+_PyCapsule_New = ctypes.PYFUNCTYPE(
+    ctypes.py_object, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+)(("PyCapsule_New", _api))
+_PyCapsule_GetName = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(
+    ("PyCapsule_GetName", _api)
+)
+_PyCapsule_SetName = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(
+    ("PyCapsule_SetName", _api)
+)
+_PyCapsule_GetPointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_void_p)(
+    ("PyCapsule_GetPointer", _api)
+)
+# Raw-address variants for the capsule destructor: the dying capsule's refcount is already 0, so
+# it must not be passed as py_object (that would INCREF/DECREF it back into dealloc).
+_PyCapsule_GetName_raw = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_GetName", _api)
+)
+_PyCapsule_GetPointer_raw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(
+    ("PyCapsule_GetPointer", _api)
+)
+_Py_IncRef = ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", _api))
+
+
+def _immortal(obj: Any) -> Any:
+    """Leak one reference: C may hold pointers to ``obj`` until the process ends."""
+    _Py_IncRef(obj)
+    return obj
+
+
+# Capsule names must outlive every capsule pointing at them: immortal buffers.
+_NAMES: dict[bytes, ctypes.Array[ctypes.c_char]] = _immortal(
+    {
+        name: _immortal(ctypes.create_string_buffer(name))
+        for name in (
+            b"dltensor",
+            b"dltensor_versioned",
+            b"used_dltensor",
+            b"used_dltensor_versioned",
+            b"not_a_dltensor",
+        )
+    }
+)
+
+
+def _name_addr(name: bytes) -> int:
+    buf = _NAMES.get(name)
+    if buf is None:
+        buf = _NAMES[name] = _immortal(ctypes.create_string_buffer(name))
+    return ctypes.addressof(buf)
+
+
+# struct address -> thread idents of every call of the counting deleter for it.
+_DELETER_CALLS: dict[int, list[int]] = _immortal({})
+# struct address -> the object owning the data, released by the deleter (like a real producer).
+_DATA_OWNERS: dict[int, object] = _immortal({})
+# Blocks (struct + shape + strides) are never freed, so no struct address is ever reused and a
+# buggy second deleter call or late read is observable instead of a use-after-free.
+_BLOCKS: list[object] = _immortal([])
+
+
+def _counting_deleter_impl(
+    addr: int | None,
+    _calls: dict[int, list[int]] = _DELETER_CALLS,
+    _owners: dict[int, object] = _DATA_OWNERS,
+    _ident: Callable[[], int] = threading.get_ident,
+) -> None:
+    key = addr or 0
+    _calls.setdefault(key, []).append(_ident())
+    _owners.pop(key, None)
+
+
+COUNTING_DELETER = _immortal(VOIDFN(_counting_deleter_impl))
+COUNTING_DELETER_ADDRESS: int = ctypes.cast(COUNTING_DELETER, ctypes.c_void_p).value or 0
+
+_LEGACY_DELETER_OFFSET = abi.DLManagedTensor.deleter.offset
+_VERSIONED_DELETER_OFFSET = abi.DLManagedTensorVersioned.deleter.offset
+
+
+def _capsule_destructor_impl(capsule: int | None) -> None:
+    # What a C producer's destructor does (dlpack.md 5.1): call the deleter only if the capsule
+    # still carries its fresh name, i.e. nobody consumed it.
+    name = _PyCapsule_GetName_raw(capsule)
+    if name == b"dltensor":
+        offset = _LEGACY_DELETER_OFFSET
+    elif name == b"dltensor_versioned":
+        offset = _VERSIONED_DELETER_OFFSET
+    else:
+        return
+    ptr = _PyCapsule_GetPointer_raw(capsule, _name_addr(name))
+    deleter = ctypes.c_void_p.from_address(ptr + offset).value
+    if deleter:
+        VOIDFN(deleter)(ptr)
+
+
+CAPSULE_DESTRUCTOR = _immortal(VOIDFN(_capsule_destructor_impl))
+_CAPSULE_DESTRUCTOR_ADDRESS: int = ctypes.cast(CAPSULE_DESTRUCTOR, ctypes.c_void_p).value or 0
+
+_KIND_CODE = {"b": 6, "i": 0, "u": 1, "f": 2, "c": 5}
+
+
+def _c_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
+
+
+@dataclasses.dataclass(frozen=True)
+class ManualInfo:
+    """What a test needs to know about a hand-built capsule (it holds no reference to it)."""
+
+    address: int  # of the DLManagedTensor[Versioned]
+    data: int  # the DLTensor.data field (byte_offset not added)
+    has_deleter: bool
+
+    @property
+    def calls(self) -> int:
+        """How many times the deleter ran for this tensor."""
+        return len(_DELETER_CALLS.get(self.address, ()))
+
+    @property
+    def threads(self) -> list[int]:
+        """``threading.get_ident()`` of each deleter call."""
+        return list(_DELETER_CALLS.get(self.address, ()))
+
+
+def build_capsule(
+    array: np.ndarray[Any, Any] | None = None,
+    *,
+    shape: Sequence[int] | None = None,
+    strides: Sequence[int] | str | None = "c",
+    dtype: tuple[int, int, int] | None = None,
+    data: int | None = None,
+    byte_offset: int = 0,
+    device: tuple[int, int] = (1, 0),
+    version: tuple[int, int] | None = (1, 3),
+    flags: int = 0,
+    ndim: int | None = None,
+    null_shape: bool = False,
+    deleter: bool = True,
+    destructor: bool = True,
+    name: bytes | None = None,
+) -> tuple[Any, ManualInfo]:
+    """Build a DLPack capsule by hand: one ctypes block ``[managed struct | shape | strides]``.
+
+    Args:
+        array: the memory (kept alive until the deleter runs); ``shape``/``dtype``/``data``
+            default from it.
+        strides: ``"c"`` for C-order strides, None for a NULL strides pointer, or the strides in
+            elements.
+        version: None for a legacy ``"dltensor"`` capsule, else ``"dltensor_versioned"`` with
+            this version (any major, to test rejection).
+        ndim: override ``DLTensor.ndim`` (to write invalid values); shape/strides arrays still
+            follow ``shape``.
+        null_shape: write a NULL shape pointer.
+        deleter: False writes a NULL deleter.
+        destructor: give the capsule a C-style destructor that calls the deleter when the capsule
+            is dropped unconsumed, as C producers do. Being a ctypes callback, it cannot run while
+            an exception is pending (dlpack.md 8.6): pass False for capsules handed to a C consumer
+            that may reject them (numpy drops rejected capsules with its error set).
+        name: override the capsule name.
+
+    Returns:
+        ``(capsule, info)``; ``info`` holds no reference to the capsule.
+    """
+    if array is not None:
+        shape = array.shape if shape is None else shape
+        if dtype is None:
+            dtype = (_KIND_CODE[array.dtype.kind], array.dtype.itemsize * 8, 1)
+        data = (array.__array_interface__["data"][0] or 0) if data is None else data
+    shape = tuple(shape or ())
+    dtype = dtype or (2, 32, 1)
+    data = data or 0
+    n = len(shape)
+    head_type = abi.DLManagedTensorVersioned if version is not None else abi.DLManagedTensor
+    head = ctypes.sizeof(head_type)
+    block = (ctypes.c_char * (head + 16 * n))()
+    _BLOCKS.append(block)
+    addr = ctypes.addressof(block)
+    dims = (ctypes.c_int64 * n).from_buffer(block, head)
+    strd = (ctypes.c_int64 * n).from_buffer(block, head + 8 * n)
+    dims[:] = shape
+    if isinstance(strides, str):
+        strd[:] = _c_strides(shape)
+    elif strides is not None:
+        strd[:] = tuple(strides)
+    managed = head_type.from_buffer(block)
+    tensor = managed.dl_tensor
+    tensor.data = data
+    tensor.device.device_type, tensor.device.device_id = device
+    tensor.ndim = n if ndim is None else ndim
+    tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes = dtype
+    if n and not null_shape:
+        tensor.shape = ctypes.cast(addr + head, ctypes.POINTER(ctypes.c_int64))
+    if n and strides is not None:
+        tensor.strides = ctypes.cast(addr + head + 8 * n, ctypes.POINTER(ctypes.c_int64))
+    tensor.byte_offset = byte_offset
+    managed.deleter = COUNTING_DELETER_ADDRESS if deleter else None
+    if version is not None:
+        managed.version.major, managed.version.minor = version
+        managed.flags = flags
+    if array is not None:
+        _DATA_OWNERS[addr] = array
+    if name is None:
+        name = b"dltensor_versioned" if version is not None else b"dltensor"
+    capsule = _PyCapsule_New(
+        addr, _name_addr(name), _CAPSULE_DESTRUCTOR_ADDRESS if destructor else None
+    )
+    return capsule, ManualInfo(addr, data, deleter)
+
+
+def capsule_name(capsule: object) -> bytes | None:
+    """The current name of a capsule (``used_...`` once consumed)."""
+    name: bytes | None = _PyCapsule_GetName(capsule)
+    return name
+
+
+def capsule_pointer(capsule: object, name: bytes) -> int:
+    """``PyCapsule_GetPointer`` (raises ValueError on a wrong name)."""
+    ptr: int | None = _PyCapsule_GetPointer(capsule, _name_addr(name))
+    return ptr or 0
+
+
+def rename_capsule(capsule: object, name: bytes) -> None:
+    """``PyCapsule_SetName`` with an immortal name string."""
+    assert _PyCapsule_SetName(capsule, _name_addr(name)) == 0
+
+
+class CapsuleFactory:
+    """The ``make_capsule`` fixture: ``make_capsule(...)`` is :func:`build_capsule`."""
+
+    name = staticmethod(capsule_name)
+    pointer = staticmethod(capsule_pointer)
+    rename = staticmethod(rename_capsule)
+    deleter_address = COUNTING_DELETER_ADDRESS
+
+    def __init__(self) -> None:
+        self.created: list[ManualInfo] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> tuple[Any, ManualInfo]:
+        capsule, info = build_capsule(*args, **kwargs)
+        self.created.append(info)
+        return capsule, info
+
+
+@pytest.fixture
+def make_capsule() -> Iterator[CapsuleFactory]:
+    """Build DLPack capsules by hand; after the test, every one must be released exactly once."""
+    factory = CapsuleFactory()
+    yield factory
+    gc.collect()
+    bad = [(hex(i.address), i.calls) for i in factory.created if i.has_deleter and i.calls != 1]
+    assert not bad, (
+        f"hand-built DLPack tensors not released exactly once by the end of the test "
+        f"(struct address, deleter calls): {bad}"
+    )
+
+
+# ================================================================================================
+# 3. Subprocess runner
+
+
+def run_python_code(
+    code: str, *args: str, timeout: float = 60, dev_mode: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter (``-X dev -W error``) with the repository importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    env.pop("PYTHONWARNINGS", None)
+    flags = ["-X", "dev", "-W", "error"] if dev_mode else ["-W", "error"]
+    return subprocess.run(
+        [sys.executable, *flags, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+
+
+@pytest.fixture
+def run_python() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``run_python(code, *argv, timeout=60)`` -> CompletedProcess (text, captured)."""
+    return run_python_code
+
+
+# ================================================================================================
+# pb_tensor fixtures go below this line, in their own section.
