@@ -26,7 +26,12 @@ from dlpack_ctypes.abi import (
     DLDeviceType,
 )
 from dlpack_ctypes.dtypes import VALID_BITS, DataType, to_numpy_dtype
-from dlpack_ctypes.producer import _C_STRIDES, DELETER_ADDRESS, HOST_DEVICES, _deleter_impl
+from dlpack_ctypes.producer import (
+    DELETER_ADDRESS,
+    HOST_DEVICES,
+    _c_strides_cached,
+    _deleter_impl,
+)
 
 __all__ = ["DLPackTensor", "consume", "from_dlpack"]
 
@@ -79,11 +84,14 @@ class _Owner:
     """
 
     __slots__ = ("__array_interface__", "__weakref__", "_addr", "_fn")
-    __array_interface__: dict[str, Any]
+    __array_interface__: dict[str, Any] | None
 
     def __init__(self, addr: int, fn: Callable[[int], None] | None) -> None:
         self._addr = addr
         self._fn = fn
+        # Set (not left unset) so that DLPackTensor.numpy tests it without raising and
+        # swallowing an AttributeError on every first view.
+        self.__array_interface__ = None
 
     def __del__(self) -> None:
         fn = self._fn
@@ -112,18 +120,7 @@ def _view_info(dtype: DataType) -> tuple[str, int, np.dtype[Any] | bool | None]:
     return info
 
 
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    found = _C_STRIDES.get(shape)
-    if found is None:
-        acc = 1
-        out = [0] * len(shape)
-        for i in range(len(shape) - 1, -1, -1):
-            out[i] = acc
-            acc *= max(shape[i], 1)
-        if len(_C_STRIDES) > 4096:
-            _C_STRIDES.clear()
-        found = _C_STRIDES[shape] = tuple(out)
-    return found
+_c_strides = _c_strides_cached
 
 
 class DLPackTensor:
@@ -229,7 +226,7 @@ class DLPackTensor:
         owner = self._owner
         if owner is None:
             raise BufferError("DLPackTensor.numpy: the tensor was closed")
-        if getattr(owner, "__array_interface__", None) is None:
+        if owner.__array_interface__ is None:
             owner.__array_interface__ = self._interface()
         target = _VIEW_INFO[self.dtype][2]
         arr: np.ndarray[Any, Any] = np.asarray(owner)

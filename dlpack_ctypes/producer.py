@@ -443,6 +443,16 @@ def _numpy_strides(a: np.ndarray[Any, Any]) -> tuple[int, ...]:
 _C_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
 
 
+def _c_strides_cached(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-order strides in elements, memoised (bounded) because shapes repeat."""
+    found = _C_STRIDES.get(shape)
+    if found is None:
+        if len(_C_STRIDES) > 4096:
+            _C_STRIDES.clear()
+        found = _C_STRIDES[shape] = tuple(_contiguous_strides(shape))
+    return found
+
+
 def _numpy_dlpack(
     a: np.ndarray[Any, Any],
     stream: object,
@@ -469,16 +479,11 @@ def _numpy_dlpack(
             flags = a.flags
             readonly = False
     shape = a.shape
-    if flags.c_contiguous:
-        strides = _C_STRIDES.get(shape)
-        if strides is None:
-            if len(shape) > _MAX_NDIM:
-                _check_shape(shape, None)
-            if len(_C_STRIDES) > 4096:
-                _C_STRIDES.clear()
-            strides = _C_STRIDES[shape] = tuple(_contiguous_strides(shape))
-    else:
-        strides = _numpy_strides(a)
+    if len(shape) > _MAX_NDIM:
+        _check_shape(shape, None)
+    strides = _C_STRIDES.get(shape) if flags.c_contiguous else _numpy_strides(a)
+    if strides is None:
+        strides = _c_strides_cached(shape)
     return _export(
         a, _array_data(a), shape, strides, from_numpy_dtype(a.dtype), device, versioned,
         (DLPACK_FLAG_BITMASK_READ_ONLY if readonly else 0)
@@ -555,10 +560,25 @@ class BufferExporter:
         """Wrap a numpy array (kept alive by the exporter and by every export).
 
         Raises:
-            BufferError: unsupported dtype or strides that are not whole elements.
+            TypeError: ``array`` is not a numpy array.
+            BufferError: unsupported dtype, more than 64 dimensions, or strides that are not
+                whole elements.
         """
-        return cls(array, _array_data(array), array.shape, _numpy_strides(array),
-                   from_numpy_dtype(array.dtype), readonly=not array.flags.writeable)
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"from_numpy expects a numpy.ndarray: got {type(array).__name__}")
+        shape = array.shape
+        if len(shape) > _MAX_NDIM:
+            _check_shape(shape, None)
+        flags = array.flags
+        self = object.__new__(cls)
+        self._owner = array
+        self._data = _array_data(array)
+        self._shape = shape
+        self._strides = _c_strides_cached(shape) if flags.c_contiguous else _numpy_strides(array)
+        self._dtype = from_numpy_dtype(array.dtype)
+        self._device = (1, 0)
+        self._readonly = not flags.writeable
+        return self
 
     def __dlpack_device__(self) -> tuple[DLDeviceType, int]:
         """``(device_type, device_id)`` of the memory."""
