@@ -1,0 +1,281 @@
+"""Backend state of :mod:`pb_tensor.cuda`: the installed runtime and its caches, CUDA error
+formatting, the availability probes and the device scope.
+
+Private: import these names from :mod:`pb_tensor.cuda`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from pb_tensor._cuda_runtime import (
+    _NOT_INSTALLED,
+    _SUCCESS,
+    CudaError,
+    CudaRuntime,
+    CudaUnavailableError,
+    _CudaPythonRuntime,
+)
+from pb_tensor.errors import TritonModelException
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+
+# --------------------------------------------------------------------------------------------
+# Backend state: a runtime plus what the facade caches for it.
+
+
+class _Backend:
+    __slots__ = (
+        "__weakref__",
+        "atexit_registered",
+        "confirmed",
+        "lock",
+        "pid",
+        "runtime",
+        "streams",
+    )
+
+    def __init__(self, runtime: CudaRuntime) -> None:
+        self.runtime = runtime
+        self.lock = threading.Lock()
+        self.streams: dict[int, int] = {}  # device -> proxy stream handle
+        self.pid = os.getpid()
+        self.confirmed = False  # a device was seen: skip the availability probe
+        self.atexit_registered = False
+
+    def check_fork(self) -> None:
+        # A forked child inherits handles that mean nothing in its own CUDA context.
+        pid = os.getpid()
+        if pid != self.pid:
+            with self.lock:
+                self.streams.clear()
+                self.pid = pid
+
+
+_lock = threading.Lock()
+_custom: _Backend | None = None  # installed by set_runtime
+_default: _Backend | None = None  # cuda-python, created on first use
+_default_failure: str | None = None  # why cuda-python could not be imported
+
+
+def set_runtime(runtime: CudaRuntime | None) -> CudaRuntime | None:
+    """Install ``runtime`` as the raw CUDA layer (None: back to cuda-python); return the
+    previously installed one (None when it was cuda-python), so ``set_runtime(previous)``
+    undoes the call.
+
+    The new runtime starts with its own empty proxy-stream cache; cuda-python's cache survives
+    the swap. Meant for tests. Raises nothing.
+    """
+    global _custom
+    with _lock:
+        previous = _custom.runtime if _custom is not None else None
+        _custom = _Backend(runtime) if runtime is not None else None
+    return previous
+
+
+def _backend() -> _Backend:
+    backend = _custom or _default
+    if backend is not None:
+        return backend
+    return _load_default()
+
+
+def _load_default() -> _Backend:
+    global _default, _default_failure
+    with _lock:
+        if _default is None and _default_failure is None:
+            try:
+                _default = _Backend(_CudaPythonRuntime())
+            except ImportError as exc:
+                _default_failure = f"{_NOT_INSTALLED}: {exc}"
+            except Exception as exc:  # a broken install must not crash CPU-only users
+                _default_failure = f"CUDA is not available: cuda-python cannot be imported: {exc}"
+        if _default is None:
+            raise CudaUnavailableError(str(_default_failure))
+        return _default
+
+
+def _describe(backend: _Backend, code: int, *, driver: bool) -> tuple[str, str]:
+    runtime = backend.runtime
+    name = text = b""
+    try:
+        name_err, name = (runtime.cuGetErrorName if driver else runtime.cudaGetErrorName)(code)
+        text_err, text = (runtime.cuGetErrorString if driver else runtime.cudaGetErrorString)(code)
+    except TritonModelException:
+        name_err = text_err = 1
+    if name_err != _SUCCESS or not name:
+        name = f"{'CUresult' if driver else 'cudaError_t'} {code}".encode()
+    if text_err != _SUCCESS or not text:
+        text = b"unknown error"
+    return name.decode("utf-8", "replace"), text.decode("utf-8", "replace")
+
+
+def _error(backend: _Backend, code: int, prefix: str, *, driver: bool = False) -> CudaError:
+    """``CudaError("<prefix> <name>: <string>")`` for a failed call's code."""
+    name, text = _describe(backend, code, driver=driver)
+    return CudaError(f"{prefix} {name}: {text}", code, name)
+
+
+def _probe(backend: _Backend) -> CudaUnavailableError | None:
+    err, count = backend.runtime.cudaGetDeviceCount()
+    if err != _SUCCESS:
+        name, text = _describe(backend, err, driver=False)
+        return CudaUnavailableError(
+            f"CUDA is not available: no CUDA driver/device: {name}: {text}", err, name
+        )
+    if count <= 0:
+        return CudaUnavailableError("CUDA is not available: no CUDA device found")
+    backend.confirmed = True
+    return None
+
+
+def _require() -> _Backend:
+    """The backend, once CUDA is known to have a device; else raise CudaUnavailableError."""
+    backend = _backend()
+    if not backend.confirmed:
+        failure = _probe(backend)
+        if failure is not None:
+            raise failure
+    return backend
+
+
+# --------------------------------------------------------------------------------------------
+# Probes (never raise).
+
+
+def unavailable_reason() -> str | None:
+    """Why GPU entry points would raise :class:`CudaUnavailableError`, or None when CUDA has a
+    device. Never raises."""
+    try:
+        backend = _backend()
+    except CudaUnavailableError as exc:
+        return str(exc)
+    failure = None if backend.confirmed else _probe(backend)
+    return None if failure is None else str(failure)
+
+
+def device_count() -> int:
+    """Number of CUDA devices visible to this process; 0 without cuda-python, driver or device.
+    Never raises."""
+    try:
+        backend = _backend()
+    except CudaUnavailableError:
+        return 0
+    err, count = backend.runtime.cudaGetDeviceCount()
+    if err != _SUCCESS or count <= 0:
+        return 0
+    backend.confirmed = True
+    return count
+
+
+def is_available() -> bool:
+    """True when cuda-python, a driver and at least one device are present. Never raises."""
+    return device_count() > 0
+
+
+# --------------------------------------------------------------------------------------------
+# Devices.
+
+
+def _current_device(backend: _Backend) -> int:
+    err, device = backend.runtime.cudaGetDevice()
+    if err != _SUCCESS:
+        raise _error(backend, err, "Failed to get current CUDA device id. error:")
+    return device
+
+
+def _set_device(backend: _Backend, device: int) -> None:
+    (err,) = backend.runtime.cudaSetDevice(device)
+    if err != _SUCCESS:
+        raise _error(backend, err, f"Failed to set the CUDA device to {device}. error:")
+
+
+def _primary_context_active(backend: _Backend, device: int) -> bool:
+    try:
+        err, _flags, active = backend.runtime.cuDevicePrimaryCtxGetState(device)
+    except CudaUnavailableError:
+        return True  # cannot tell: restoring is the choice that keeps the caller's device
+    if err != _SUCCESS:
+        raise _error(backend, err, "failed to get primary context state:", driver=True)
+    return active != 0
+
+
+def current_device() -> int:
+    """The calling thread's current CUDA device.
+
+    Raises:
+        CudaUnavailableError: no cuda-python, driver or device.
+        CudaError: ``cudaGetDevice`` failed ("Failed to get current CUDA device id. ...").
+    """
+    return _current_device(_require())
+
+
+class DeviceScope:
+    """Context manager making ``device`` current for the block (see the module docstring for
+    when the previous device is restored). ``__enter__`` returns the previous device.
+
+    Single use; nest new instances. Raises :class:`CudaUnavailableError` or :class:`CudaError`
+    on enter when the device cannot be read or set, and on exit when restoring fails (unless
+    the block itself raised: then its exception is kept and the restore failure dropped).
+    """
+
+    __slots__ = ("_backend", "_device", "_previous", "_switched")
+
+    def __init__(self, device: int) -> None:
+        self._device = device
+        self._previous = device
+        self._switched = False
+        self._backend: _Backend | None = None
+
+    @classmethod
+    def _on(cls, backend: _Backend, device: int) -> DeviceScope:
+        """A scope bound to ``backend`` rather than to the runtime installed at enter."""
+        scope = cls(device)
+        scope._backend = backend
+        return scope
+
+    def __enter__(self) -> int:
+        self._enter()
+        return self._previous
+
+    def _enter(self) -> _Backend:
+        backend = self._backend = self._backend or _require()
+        self._previous = _current_device(backend)
+        if self._previous != self._device:
+            _set_device(backend, self._device)
+            self._switched = True
+        return backend
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._restore(quiet=exc_type is not None)
+
+    def _restore(self, *, quiet: bool) -> None:
+        if not self._switched or self._backend is None:
+            return
+        self._switched = False
+        try:
+            if _primary_context_active(self._backend, self._previous):
+                _set_device(self._backend, self._previous)
+        except TritonModelException:
+            if not quiet:
+                raise
+
+
+def device_scope(device: int) -> DeviceScope:
+    """``with device_scope(d) as previous:`` runs the block with device ``d`` current.
+
+    Raises what :class:`DeviceScope` raises.
+    """
+    return DeviceScope(device)
+
+
+DeviceScope.__module__ = "pb_tensor.cuda"
