@@ -57,6 +57,9 @@ _EMPTY_BUFFER: Final = (ctypes.c_int64 * 8)()
 _capi.immortalize(_EMPTY_BUFFER)
 _EMPTY_DATA: Final = ctypes.addressof(_EMPTY_BUFFER)
 
+_ADDR_VERSIONED: Final = _capi.ADDR_DLTENSOR_VERSIONED
+_ADDR_USED_VERSIONED: Final = _capi.ADDR_USED_DLTENSOR_VERSIONED
+_VERSIONS: Final = {minor: (1, minor) for minor in range(16)}
 _get_name = _capi.PyCapsule_GetName
 _get_pointer = _capi.PyCapsule_GetPointer
 _set_name = _capi.PyCapsule_SetName
@@ -284,7 +287,8 @@ def consume(
     Args:
         capsule: a fresh DLPack capsule.
         check: extra validation run on the parsed tensor before the capsule is renamed; if it
-            raises, the capsule is left unconsumed and the error propagates.
+            raises, the capsule is left unconsumed and the error propagates. It runs before the
+            data type is checked against DLPack's table, so it may see an invalid ``dtype``.
 
     Raises:
         TypeError: ``capsule`` is not a PyCapsule.
@@ -298,7 +302,7 @@ def consume(
     try:
         # Versioned is what modern producers return for our max_version request; trying it
         # first saves a PyCapsule_GetName call on the hot path.
-        ptr = _get_pointer(capsule, _capi.ADDR_DLTENSOR_VERSIONED) or 0
+        ptr = _get_pointer(capsule, _ADDR_VERSIONED) or 0
     except ValueError:
         ptr = 0
     if ptr:
@@ -308,8 +312,8 @@ def consume(
                 f"unsupported DLPack version: {major}.{minor}; this consumer understands 1.x"
             )
         fields = _unpack_tensor(mem, ptr + _VERSIONED_TENSOR_OFFSET)
-        version: tuple[int, int] | None = (major, minor)
-        used_name = _capi.ADDR_USED_DLTENSOR_VERSIONED
+        version: tuple[int, int] | None = _VERSIONS.get(minor) or (major, minor)
+        used_name = _ADDR_USED_VERSIONED
     else:
         name = _get_name(capsule)
         if name == NAME_DLTENSOR:
@@ -328,13 +332,49 @@ def consume(
                 f"not a DLPack capsule: name={name!r}, expected {NAME_DLTENSOR!r} or "
                 f"{NAME_DLTENSOR_VERSIONED!r}"
             )
-    tensor = _parse(fields, flags, version)
-    if check is not None:
-        check(tensor)
+    data, dev_type, dev_id, ndim, code, bits, lanes, shape_ptr, strides_ptr, byte_offset = fields
+    dev = _DEVICE_ENUM.get(dev_type)
+    if dev is None:
+        raise BufferError(f"invalid DLPack tensor: unknown device type {dev_type}")
+    if ndim:
+        if not 0 < ndim <= _MAX_NDIM:
+            raise BufferError(f"invalid DLPack tensor: {ndim=} outside [0, {_MAX_NDIM}]")
+        if not shape_ptr:
+            raise BufferError(f"invalid DLPack tensor: NULL shape with {ndim=}")
+        unpack = _INT64S[ndim]
+        shape = unpack(mem, shape_ptr)
+        if not data or min(shape) <= 0:
+            _check_sizes(shape, data)
+        strides = unpack(mem, strides_ptr) if strides_ptr else _c_strides(shape)
+    elif not data:
+        raise BufferError("invalid DLPack tensor: NULL data pointer for a 0-d tensor")
+    else:
+        shape = strides = ()
+    tensor = _new_tensor(DLPackTensor)
+    tensor._owner = None
+    tensor.data = (data or 0) + byte_offset
+    tensor.byte_offset = byte_offset
+    tensor.device = (dev, dev_id)
+    tensor.shape = shape
+    tensor.strides = strides
+    tensor.flags = flags
+    tensor.version = version
+    dtype = _VALID_DTYPES.get((code, bits, lanes))
+    if dtype is None:
+        # Not seen yet, or invalid: the caller's check sees the raw type first (so it can
+        # word its own error), then the generic rules apply.
+        tensor.dtype = DataType(code, bits, lanes)
+        if check is not None:
+            check(tensor)
+        tensor.dtype = _dtype_of(code, bits, lanes)
+    else:
+        tensor.dtype = dtype
+        if check is not None:
+            check(tensor)
     _set_name(capsule, used_name)
-    # Owned from here on: every failure below must still release it exactly once, which the
-    # owner's finaliser guarantees as soon as it exists.
-    tensor._owner = _Owner(ptr, _deleter_for(deleter) if deleter else None)
+    # Owned from here on: the owner's finaliser releases it exactly once whatever happens next.
+    tensor._owner = _Owner(ptr, (_FOREIGN_DELETERS.get(deleter) or _deleter_for(deleter))
+                           if deleter else None)
     return tensor
 
 
@@ -357,14 +397,6 @@ def _dtype_of(code: int, bits: int, lanes: int) -> DataType:
     return found
 
 
-def _slow_checks(dev_type: int, code: int, bits: int, lanes: int, ndim: int) -> DataType:
-    if dev_type not in _DEVICE_ENUM:
-        raise BufferError(f"invalid DLPack tensor: unknown device type {dev_type}")
-    if not 0 <= ndim <= _MAX_NDIM:
-        raise BufferError(f"invalid DLPack tensor: {ndim=} outside [0, {_MAX_NDIM}]")
-    return _dtype_of(code, bits, lanes)
-
-
 def _check_sizes(shape: tuple[int, ...], data: int | None) -> None:
     size = 1
     for n in shape:
@@ -373,38 +405,6 @@ def _check_sizes(shape: tuple[int, ...], data: int | None) -> None:
         size *= n
     if size and not data:
         raise BufferError(f"invalid DLPack tensor: NULL data pointer with {shape=}")
-
-
-def _parse(fields: tuple[Any, ...], flags: int, version: tuple[int, int] | None) -> DLPackTensor:
-    data, dev_type, dev_id, ndim, code, bits, lanes, shape_ptr, strides_ptr, byte_offset = fields
-    dev = _DEVICE_ENUM.get(dev_type)
-    dtype = _VALID_DTYPES.get((code, bits, lanes))
-    if dev is None or dtype is None or not 0 <= ndim <= _MAX_NDIM:
-        dtype = _slow_checks(dev_type, code, bits, lanes, ndim)
-        dev = _DEVICE_ENUM[dev_type]
-    if ndim:
-        if not shape_ptr:
-            raise BufferError(f"invalid DLPack tensor: NULL shape with {ndim=}")
-        unpack = _INT64S[ndim]
-        shape = unpack(_MEM, shape_ptr)
-        if not data or min(shape) <= 0:
-            _check_sizes(shape, data)
-        strides = unpack(_MEM, strides_ptr) if strides_ptr else _c_strides(shape)
-    elif not data:
-        raise BufferError("invalid DLPack tensor: NULL data pointer for a 0-d tensor")
-    else:
-        shape = strides = ()
-    tensor = _new_tensor(DLPackTensor)
-    tensor._owner = None
-    tensor.data = (data or 0) + byte_offset
-    tensor.byte_offset = byte_offset
-    tensor.device = (dev, dev_id)
-    tensor.dtype = dtype
-    tensor.shape = shape
-    tensor.strides = strides
-    tensor.flags = flags
-    tensor.version = version
-    return tensor
 
 
 _new_tensor = object.__new__

@@ -1,0 +1,5 @@
+"""``python -m pb_tensor [demo|bench|doctor]``."""
+
+from pb_tensor.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""``Tensor.save_to_shared_memory`` / ``Tensor.load_from_shared_memory`` on top of
+:mod:`pb_tensor.shm` (records of primitives) and :mod:`pb_tensor.cuda` (IPC for GPU data)."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+import numpy as np
+
+import dlpack_ctypes as dl
+from pb_tensor import bytes_codec, shm
+from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_dlpack
+from pb_tensor.errors import TritonModelException
+from pb_tensor.tensor import Tensor, _new_tensor
+
+__all__ = ["load", "save"]
+
+# GPU tensors this process saved, by (pid, IPC handle, offset). CUDA cannot open an IPC handle
+# in the process that made it, so a load here reuses the saving tensor's memory instead.
+_saved_here: weakref.WeakValueDictionary[tuple[int, bytes, int], Tensor] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def _wrap(owner: object, data: int, dims: tuple[int, ...], dtype: TritonDtype,
+          device: tuple[int, int]) -> dl.DLPackTensor:
+    """A DLPackTensor over memory we already own (kept alive through ``owner``)."""
+    exporter = dl.BufferExporter(owner, data, dims, None, dl.DataType(*triton_to_dlpack(dtype)),
+                                 device)
+    return dl.from_dlpack(exporter)
+
+
+def save(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
+    """Copy ``tensor`` into ``pool`` (once) and point the tensor at the pool's copy."""
+    state = tensor._shm
+    if state is not None and state[0] is pool:
+        return int(state[1])
+    dtype = tensor._dtype
+    dims = tensor._dims
+    if tensor._memory_type == MemoryType.GPU:
+        return _save_gpu(tensor, pool)
+    payload = _host_payload(tensor)
+    # Pinned data lands in ordinary shared memory: the copy is plain CPU memory (as Triton's
+    # server maps pinned buffers to CPU shared memory).
+    handle = shm.save_record(
+        pool, name=tensor._name, dtype=int(dtype), dims=dims,
+        memory_type=int(MemoryType.CPU), memory_type_id=0,
+        payload=payload, byte_size=int(payload.nbytes),
+    )
+    # From now on the tensor's data is the pool's copy; the record's reference taken by the load
+    # lives as long as that data, so the saver's own reference can go.
+    record = shm.load_record(pool, handle)
+    shm.release(pool, handle)
+    _adopt(tensor, record)
+    tensor._memory_type = MemoryType.CPU
+    tensor._memory_id = 0
+    tensor._shm = (pool, handle, record.payload)
+    return handle
+
+
+def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
+    """Record the CUDA IPC handle of the tensor's allocation and the pointer's offset in it
+    (upstream's layout); the data stays in device memory. No CUDA call for an empty tensor."""
+    state = tensor._shm
+    byte_size = tensor.byte_size
+    device = tensor._memory_id
+    origin = state[2] if state is not None else None
+    if isinstance(origin, shm.TensorRecord) and origin.ipc_handle is not None:
+        # Saved or loaded before: reuse that record's handle. Memory mapped from another
+        # process's handle could not be exported again (cudaIpcGetMemHandle refuses it).
+        ipc_handle, offset = origin.ipc_handle, origin.gpu_pointer_offset
+    else:
+        from pb_tensor import cuda
+
+        ipc_handle, offset = cuda.ipc_export(tensor.data_ptr, byte_size, device=device)
+    handle = shm.save_record(
+        pool, name=tensor._name, dtype=int(tensor._dtype), dims=tensor._dims,
+        memory_type=int(MemoryType.GPU), memory_type_id=device, payload=None,
+        byte_size=byte_size, gpu_pointer_offset=offset, ipc_handle=ipc_handle,
+    )  # fmt: skip
+    # As for CPU data: the tensor holds the record (the device memory must outlive every
+    # reader), and the saver's own reference goes.
+    record = shm.load_record(pool, handle)
+    shm.release(pool, handle)
+    tensor._shm = (pool, handle, record)
+    key = (os.getpid(), ipc_handle, offset)
+    if byte_size and key not in _saved_here:
+        _saved_here[key] = tensor
+    return handle
+
+
+def _open_gpu(record: shm.TensorRecord, dtype: TritonDtype) -> dl.DLPackTensor:
+    """Device memory of a GPU record: IPC-mapped on the record's device (closed when the last
+    user of the returned tensor is gone), or the saving tensor's memory in the saving process.
+    """
+    device = (int(dl.DLDeviceType.kDLCUDA), record.memory_type_id)
+    ipc_handle = record.ipc_handle or b""
+    offset = record.gpu_pointer_offset
+    if record.byte_size:
+        saver = _saved_here.get((os.getpid(), ipc_handle, offset))
+        if (
+            saver is not None
+            and saver._dl is not None
+            and saver._memory_id == record.memory_type_id
+            and saver.byte_size >= record.byte_size
+        ):
+            return _wrap((saver._dl, record), saver.data_ptr, record.dims, dtype, device)
+        if not any(ipc_handle):
+            raise TritonModelException(
+                f"GPU tensor record at shared memory handle {record.handle} holds no CUDA IPC "
+                "handle"
+            )
+    from pb_tensor import cuda
+
+    # 0 bytes: nothing is opened and no CUDA call is made (upstream server#4865).
+    mapping = cuda.ipc_import(ipc_handle or bytes(cuda.IPC_HANDLE_SIZE), offset,
+                              record.byte_size, device=record.memory_type_id)
+    return _wrap((mapping, record), mapping.ptr, record.dims, dtype, device)
+
+
+def _host_payload(tensor: Tensor) -> np.ndarray[Any, Any]:
+    if tensor._serialized is not None:
+        return tensor._serialized
+    if tensor._array is not None:
+        return tensor._array
+    imported = tensor._dl
+    if imported is None:
+        return np.empty(0, dtype=np.uint8)
+    return imported.numpy(raw=True)
+
+
+def _adopt(tensor: Tensor, record: shm.TensorRecord) -> None:
+    if tensor._dtype == TritonDtype.TYPE_BYTES:
+        tensor._serialized = record.payload
+    elif tensor._dtype == TritonDtype.TYPE_BF16:
+        tensor._dl = _wrap(record.payload, _address(record.payload), tensor._dims,
+                           tensor._dtype, (int(dl.DLDeviceType.kDLCPU), 0))
+        tensor._array = None
+    else:
+        tensor._array = _view(record, tensor._dtype, tensor._dims)
+        tensor._dl = None
+
+
+def _address(array: np.ndarray[Any, Any]) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def _view(record: shm.TensorRecord, dtype: TritonDtype, dims: tuple[int, ...]) -> Any:
+    return record.payload.view(numpy_dtype_of(dtype)).reshape(dims)
+
+
+def load(pool: shm.SharedMemoryPool, handle: int) -> Tensor:
+    """A Tensor viewing the record at ``handle``; GPU records open the CUDA IPC handle."""
+    record = shm.load_record(pool, handle)
+    try:
+        dtype = TritonDtype(record.dtype)
+        memory_type = MemoryType(record.memory_type)
+    except ValueError:
+        raise TritonModelException(
+            f"Corrupted tensor record at shared memory handle {handle}: "
+            f"dtype {record.dtype} / memory_type {record.memory_type} unknown"
+        ) from None
+    tensor = _new_tensor(Tensor)
+    tensor._name = record.name
+    tensor._dtype = dtype
+    tensor._dims = record.dims
+    tensor._memory_type = memory_type
+    tensor._memory_id = record.memory_type_id
+    tensor._array = None
+    tensor._dl = None
+    tensor._serialized = None
+    if memory_type == MemoryType.GPU:
+        tensor._dl = _open_gpu(record, dtype)
+        tensor._shm = (pool, handle, record)
+        return tensor
+    tensor._shm = (pool, handle, record.payload)
+    if dtype == TritonDtype.TYPE_BYTES:
+        count = 1
+        for n in record.dims:
+            count *= n
+        tensor._serialized = record.payload
+        tensor._array = bytes_codec.deserialize(record.payload, count).reshape(record.dims)
+        return tensor
+    _adopt(tensor, record)
+    return tensor

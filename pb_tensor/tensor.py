@@ -1,0 +1,635 @@
+"""``pb_utils.Tensor`` in pure Python.
+
+Behaves like Triton python_backend's C++ ``PbTensor`` for every input (same exception types and
+messages), minus upstream's bugs; the README's "Differences from Triton" table lists each fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+
+import dlpack_ctypes as dl
+from dlpack_ctypes.abi import DLDeviceType
+from pb_tensor import bytes_codec
+from pb_tensor.dtypes import (
+    MemoryType,
+    TritonDtype,
+    triton_dtype_from_numpy,
+    triton_from_dlpack,
+    triton_to_dlpack,
+)
+from pb_tensor.errors import TritonBufferError, TritonModelException
+
+if TYPE_CHECKING:
+    # typing_extensions is not a runtime dependency: annotations only.
+    from typing_extensions import CapsuleType
+
+    from pb_tensor.shm import SharedMemoryPool
+
+__all__ = ["Tensor"]
+
+_EMPTY_NAME: Final = "Tensor name cannot be an empty string."
+_NOT_A_PRODUCER: Final = (
+    "Provided tensor is not supported. Tensor must be a DLPack capsule or have `__dlpack__` "
+    "and `__dlpack_device__` attributes"
+)
+_NOT_CONTIGUOUS: Final = (
+    "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in C-Order "
+    "are supported."
+)
+_STRING_DLPACK: Final = "DLPack does not have support for string tensors."
+_GPU_NUMPY: Final = "Tensor is stored in GPU and cannot be converted to NumPy."
+_BF16_NUMPY: Final = (
+    "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and from_dlpack() "
+    "instead."
+)
+
+_KDL_CPU: Final = int(DLDeviceType.kDLCPU)
+_KDL_CUDA: Final = int(DLDeviceType.kDLCUDA)
+_KDL_CUDA_HOST: Final = int(DLDeviceType.kDLCUDAHost)
+_DEVICE_OF_MEMORY: Final = {
+    MemoryType.CPU: DLDeviceType.kDLCPU,
+    MemoryType.CPU_PINNED: DLDeviceType.kDLCUDAHost,
+    MemoryType.GPU: DLDeviceType.kDLCUDA,
+}
+_MEMORY_OF_DEVICE: Final = {
+    _KDL_CPU: MemoryType.CPU,
+    _KDL_CUDA_HOST: MemoryType.CPU_PINNED,
+    _KDL_CUDA: MemoryType.GPU,
+}
+_CapsuleType: Final = dl.CapsuleType
+
+
+def _numpy_forwards() -> bool:
+    # numpy >= 2.4 always emits strides and takes the DLPack 1.0 keywords, so its C exporter
+    # keeps every rule of DESIGN 3.2 (after the version patch below) at a fraction of our cost.
+    try:
+        major, minor = (int(p) for p in np.__version__.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 4)
+
+
+_NUMPY_EXPORTS: Final = _numpy_forwards()
+
+
+def _device_error(device_type: int) -> TritonModelException:
+    return TritonModelException(f"DLDevice type {device_type} is not supported by Python backend.")
+
+
+def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """C order, ignoring size-1 dims; every empty tensor passes (fixes upstream's check, which
+    skips ``strides[0]`` and 1-D tensors and rejects empty ones)."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1:
+            if s != expected:
+                return False
+            expected *= n
+    return True
+
+
+def _check_importable(t: dl.DLPackTensor) -> None:
+    """Triton's rules for DLPack input, applied before the capsule is consumed."""
+    device_type = int(t.device[0])
+    if device_type not in _MEMORY_OF_DEVICE:
+        raise _device_error(device_type)
+    dtype = _DTYPE_OF_DL.get(t.dtype)
+    if dtype is None:
+        dtype = triton_from_dlpack(*t.dtype)
+        if dtype == TritonDtype.TYPE_INVALID:
+            code, bits, lanes = t.dtype
+            raise TritonModelException(
+                f"Dtype is invalid. DLPack data type (code={code}, bits={bits}, lanes={lanes}) "
+                "has no Triton equivalent."
+            )
+    if t.strides != dl.consumer._c_strides(t.shape) and not _c_contiguous(t.shape, t.strides):
+        raise TritonModelException(_NOT_CONTIGUOUS)
+
+
+_DTYPE_OF_DL: dict[tuple[int, int, int], TritonDtype] = {}
+for _td in TritonDtype:
+    if _td not in (TritonDtype.TYPE_INVALID, TritonDtype.TYPE_BYTES):
+        _DTYPE_OF_DL[triton_to_dlpack(_td)] = _td
+
+
+# numpy dtype.num -> TritonDtype for the numeric types DLPack carries (not BYTES, not BF16).
+_DIRECT_NUMPY: dict[int, TritonDtype] = {
+    np.dtype(char).num: triton_dtype_from_numpy(np.dtype(char)) for char in "?bBhHiIlLqQefd"
+}
+
+
+class Tensor:
+    """A named tensor, as Triton's ``pb_utils.Tensor``.
+
+    ``Tensor(name, array)`` wraps a numpy array without copying it (a non-C-contiguous array is
+    copied first, as upstream does). :meth:`from_dlpack` imports any DLPack producer.
+
+    Raises:
+        TypeError: ``name`` is not a ``str`` or ``array`` is not a ``numpy.ndarray``.
+        TritonModelException: empty name ("Tensor name cannot be an empty string.") or an
+            unsupported dtype ("NumPy dtype is not supported.").
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_array",
+        "_dims",
+        "_dl",
+        "_dtype",
+        "_memory_id",
+        "_memory_type",
+        "_name",
+        "_serialized",
+        "_shm",
+    )
+
+    _name: str
+    _dtype: TritonDtype
+    _dims: tuple[int, ...]
+    _memory_type: MemoryType
+    _memory_id: int
+    # numpy data: the user's array, a view of the DLPack import, or of shared memory.
+    _array: np.ndarray[Any, Any] | None
+    # The consumed DLPack tensor (owns the producer's memory), or None.
+    _dl: dl.DLPackTensor | None
+    # BYTES only: the serialized wire bytes.
+    _serialized: np.ndarray[Any, Any] | None
+    # Shared-memory state once saved or loaded (handle, pool), or None.
+    _shm: Any
+
+    def __init__(self, name: str, array: np.ndarray[Any, Any], /) -> None:
+        if not isinstance(name, str) or not isinstance(array, np.ndarray):
+            raise TypeError(
+                "Tensor(): incompatible constructor arguments. The following argument types "
+                "are supported: (name: str, array: numpy.ndarray); got "
+                f"(name={type(name).__name__}, array={type(array).__name__})"
+            )
+        if not name:
+            raise TritonModelException(_EMPTY_NAME)
+        dtype = triton_dtype_from_numpy(array.dtype)
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+        self._name = name
+        self._dtype = dtype
+        self._dims = array.shape
+        self._memory_type = MemoryType.CPU
+        self._memory_id = 0
+        self._array = array
+        self._dl = None
+        self._shm = None
+        self._serialized = (
+            bytes_codec.serialize(array) if dtype == TritonDtype.TYPE_BYTES else None
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # Construction from DLPack
+
+    @staticmethod
+    def from_dlpack(name: str, tensor: object, /) -> Tensor:
+        """Import a DLPack capsule or any object with ``__dlpack__``/``__dlpack_device__``.
+
+        CPU (and pinned) memory is shared, not copied. GPU producers are synchronised through a
+        per-device proxy stream before this returns (DESIGN 4.4); raw capsules are wrapped
+        without synchronisation, as upstream does.
+
+        Raises:
+            TypeError: ``name`` is not a ``str``.
+            TritonModelException: empty name; not a DLPack capsule/producer; a capsule that
+                was already consumed; an unsupported device or dtype; a tensor that is not C-contiguous; GPU import without CUDA;
+                an invalid DLPack tensor or a producer's ``BufferError`` (as
+                :class:`TritonBufferError`, also a ``BufferError``).
+        """
+        if type(name) is not str:
+            raise TypeError(
+                "from_dlpack(): incompatible function arguments. The following argument types "
+                f"are supported: (name: str, tensor: object); got name={type(name).__name__}"
+            )
+        if not name:
+            raise TritonModelException(_EMPTY_NAME)
+        if type(tensor) is np.ndarray:
+            # A numpy array is wrapped directly: the same zero-copy view its DLPack export would
+            # give, without the capsule round trip. Anything DLPack would refuse (strided views,
+            # object or byte-swapped dtypes) takes the DLPack path below for the exact error.
+            direct = _DIRECT_NUMPY.get(tensor.dtype.num)
+            if direct is not None and tensor.dtype.isnative and tensor.flags.c_contiguous:
+                return Tensor._from_array(name, tensor, direct)
+        try:
+            if type(tensor) is _CapsuleType:
+                imported = dl.consume(tensor, check=_check_importable)
+            else:
+                device_fn = getattr(tensor, "__dlpack_device__", None)
+                if device_fn is None or not hasattr(tensor, "__dlpack__"):
+                    raise TritonModelException(_NOT_A_PRODUCER)
+                device_type, device_id = device_fn()
+                device_type = int(device_type)
+                if device_type == _KDL_CUDA:
+                    imported = _import_gpu(tensor, int(device_id))
+                elif device_type in (_KDL_CPU, _KDL_CUDA_HOST):
+                    imported = dl.from_dlpack(tensor, check=_check_importable)
+                else:
+                    raise _device_error(device_type)
+        except ValueError as exc:
+            # A consumed or foreign capsule: Triton model code catches TritonModelException.
+            raise TritonModelException(str(exc)) from exc
+        except BufferError as exc:
+            # The consumer's validation (e.g. a float8 code/bits pair DLPack does not define):
+            # Triton raises TritonModelException for every invalid input.
+            if isinstance(exc, TritonModelException):
+                raise
+            raise TritonBufferError(str(exc)) from exc
+        return Tensor._from_imported(name, imported)
+
+    @staticmethod
+    def _from_array(name: str, array: np.ndarray[Any, Any], dtype: TritonDtype) -> Tensor:
+        self = _new_tensor(Tensor)
+        self._name = name
+        self._dtype = dtype
+        self._dims = array.shape
+        self._memory_type = MemoryType.CPU
+        self._memory_id = 0
+        self._array = array
+        self._dl = None
+        self._serialized = None
+        self._shm = None
+        return self
+
+    @staticmethod
+    def _from_imported(name: str, imported: dl.DLPackTensor) -> Tensor:
+        self = _new_tensor(Tensor)
+        self._name = name
+        self._dtype = _DTYPE_OF_DL[imported.dtype]
+        self._dims = imported.shape
+        device_type, device_id = imported.device
+        self._memory_type = _MEMORY_OF_DEVICE[device_type]
+        self._memory_id = device_id
+        self._array = None
+        self._dl = imported
+        self._serialized = None
+        self._shm = None
+        return self
+
+    # ----------------------------------------------------------------------------------------
+    # The pb_utils.Tensor methods
+
+    def name(self) -> str:
+        """The tensor's name."""
+        return self._name
+
+    def shape(self) -> list[int]:
+        """The dimensions, as a list (upstream returns a list, not a tuple)."""
+        return list(self._dims)
+
+    def triton_dtype(self) -> TritonDtype:
+        """The Triton data type (works, unlike upstream where it raises TypeError)."""
+        return self._dtype
+
+    def is_cpu(self) -> bool:
+        """True for CPU and pinned (CPU_PINNED) memory."""
+        return self._memory_type != MemoryType.GPU
+
+    def as_numpy(self) -> np.ndarray[Any, Any]:
+        """The data as a numpy array, without copying.
+
+        BYTES tensors give the array they were built from (or, once loaded from shared memory,
+        an object array of ``bytes``). BF16 gives an ``ml_dtypes.bfloat16`` view when
+        ``ml_dtypes`` is installed.
+
+        Raises:
+            TritonModelException: GPU memory ("Tensor is stored in GPU and cannot be converted to
+                NumPy."), or BF16 without ``ml_dtypes``.
+        """
+        array = self._array
+        if array is not None:
+            return array
+        if self._memory_type == MemoryType.GPU:
+            raise TritonModelException(_GPU_NUMPY)
+        return self._make_array()
+
+    def _make_array(self) -> np.ndarray[Any, Any]:
+        imported = self._dl
+        if imported is None:
+            raise TritonModelException(f"Tensor {self._name!r} holds no host data")
+        if self._dtype == TritonDtype.TYPE_BF16:
+            try:
+                array = imported.numpy()
+            except BufferError:
+                raise TritonModelException(_BF16_NUMPY) from None
+        else:
+            array = imported.numpy()
+        self._array = array
+        return array
+
+    def to_dlpack(self) -> CapsuleType:
+        """A legacy ``"dltensor"`` capsule sharing this tensor's memory (as upstream).
+
+        Raises:
+            TritonModelException: BYTES tensors ("DLPack does not have support for string
+                tensors."), or read-only data (a legacy capsule cannot say so; use
+                ``__dlpack__(max_version=(1, 0))``).
+        """
+        return self.__dlpack__()
+
+    def __dlpack__(
+        self,
+        *,
+        stream: object = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> CapsuleType:
+        """Export through the DLPack protocol without copying.
+
+        ``max_version=None`` gives a legacy ``"dltensor"`` capsule (JAX accepts no other);
+        ``(1, x)`` a ``"dltensor_versioned"`` one (version 1.3). ``copy=True`` copies (IS_COPIED);
+        ``dl_device=(kDLCPU, 0)`` of a GPU tensor copies to the host unless ``copy=False``. The
+        tensor never carries pending GPU work, so any consumer ``stream`` is valid without a
+        wait; ``stream=0`` is rejected for CUDA as DLPack requires.
+
+        Raises:
+            TritonBufferError: BYTES tensors, read-only data as a legacy capsule, an unsupported
+                ``dl_device``; also a ``BufferError``.
+            TypeError, ValueError: malformed arguments.
+        """
+        if self._dtype == TritonDtype.TYPE_BYTES:
+            raise TritonBufferError(_STRING_DLPACK)
+        memory_type = self._memory_type
+        if memory_type == MemoryType.CPU and (stream is None or stream == -1):
+            array = self._array if self._array is not None else self._host_array_or_none()
+            # numpy cannot export an ml_dtypes bfloat16 view (cached by as_numpy()).
+            if array is not None and _NUMPY_EXPORTS and self._dtype is not TritonDtype.TYPE_BF16:
+                return _numpy_export(array, max_version, dl_device, copy)
+        try:
+            return self._ctypes_export(stream, max_version, dl_device, copy)
+        except BufferError as exc:
+            if isinstance(exc, TritonBufferError):
+                raise
+            raise TritonBufferError(str(exc)) from exc
+
+    def _host_array_or_none(self) -> np.ndarray[Any, Any] | None:
+        if self._dtype == TritonDtype.TYPE_BF16:
+            return None  # numpy's exporter cannot describe bfloat16
+        return self._make_array()
+
+    def _ctypes_export(
+        self,
+        stream: object,
+        max_version: tuple[int, int] | None,
+        dl_device: tuple[int, int] | None,
+        copy: bool | None,
+    ) -> CapsuleType:
+        device = (int(_DEVICE_OF_MEMORY[self._memory_type]), self._memory_id)
+        if (
+            self._memory_type == MemoryType.GPU
+            and dl_device is not None
+            and dl.producer._parse_pair(dl_device, "dl_device") == (_KDL_CPU, 0)
+        ):
+            if copy is False:
+                raise TritonBufferError(
+                    "__dlpack__: dl_device=(kDLCPU, 0) needs a copy of GPU memory but copy=False"
+                )
+            # Validates stream (a host copy takes None or -1), max_version and copy.
+            versioned = dl.negotiate(
+                (_KDL_CPU, 0), stream=stream, max_version=max_version, copy=copy
+            )[0]
+            return _export_host_copy(self, versioned)
+        readonly = self._readonly()
+        versioned, make_copy, out_device = dl.negotiate(
+            device, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy,
+            readonly=readonly,
+        )
+        owner, data, shape, strides = self._export_fields()
+        if make_copy:
+            if self._memory_type == MemoryType.GPU:
+                from pb_tensor import cuda
+
+                buffer = cuda.device_copy(data, self.byte_size, device=self._memory_id)
+                return dl.export_buffer(buffer, buffer.ptr, shape, None, _dl_dtype(self),
+                                        out_device, versioned=versioned, copied=True)
+            source = self._array if self._array is not None else _raw_host(self)
+            host = np.array(source, order="C", copy=True)
+            return dl.export_buffer(host, dl.producer._array_data(host), shape, None,
+                                    _dl_dtype(self), out_device, versioned=versioned,
+                                    copied=True)
+        return dl.export_buffer(owner, data, shape, strides, _dl_dtype(self), out_device,
+                                versioned=versioned, readonly=readonly)
+
+    def _readonly(self) -> bool:
+        if self._array is not None:
+            return not self._array.flags.writeable
+        if self._dl is not None:
+            return self._dl.readonly
+        return False
+
+    def _export_fields(self) -> tuple[object, int, tuple[int, ...], tuple[int, ...] | None]:
+        array = self._array
+        if array is not None:
+            return array, dl.producer._array_data(array), array.shape, None
+        imported = self._dl
+        if imported is None:
+            raise TritonModelException(f"Tensor {self._name!r} holds no data to export")
+        return imported, imported.data, imported.shape, imported.strides
+
+    def __dlpack_device__(self) -> tuple[DLDeviceType, int]:
+        """``(kDLCPU, 0)``, ``(kDLCUDA, id)`` or ``(kDLCUDAHost, id)``."""
+        return _DEVICE_OF_MEMORY[self._memory_type], self._memory_id
+
+    # ----------------------------------------------------------------------------------------
+    # Typed extras
+
+    @property
+    def memory_type(self) -> MemoryType:
+        """Where the data lives: CPU, CPU_PINNED or GPU."""
+        return self._memory_type
+
+    @property
+    def memory_type_id(self) -> int:
+        """The device id (0 for CPU memory)."""
+        return self._memory_id
+
+    @property
+    def byte_size(self) -> int:
+        """Bytes of data; for BYTES tensors, the serialized size."""
+        if self._serialized is not None:
+            return int(self._serialized.nbytes)
+        if self._array is not None:
+            return int(self._array.nbytes)
+        imported = self._dl
+        return imported.nbytes if imported is not None else 0
+
+    @property
+    def data_ptr(self) -> int:
+        """Address of the first byte (for BYTES tensors: of the serialized bytes)."""
+        if self._serialized is not None:
+            return int(dl.producer._array_data(self._serialized))
+        if self._array is not None:
+            return int(dl.producer._array_data(self._array))
+        imported = self._dl
+        return imported.data if imported is not None else 0
+
+    def __repr__(self) -> str:
+        device = self._memory_type.name
+        if self._memory_type != MemoryType.CPU:
+            device += f":{self._memory_id}"
+        return (
+            f"Tensor(name={self._name!r}, dtype={self._dtype.wire_name}, "
+            f"shape={list(self._dims)}, device={device})"
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # GPU and shared memory
+
+    def to_host(self) -> Tensor:
+        """A CPU copy of this tensor (the tensor itself when it already is in host memory).
+
+        Answers server#3547 without torch: ``t.to_host().as_numpy()`` works for GPU tensors.
+
+        Raises:
+            TritonModelException: CUDA unavailable or the copy failed.
+        """
+        if self._memory_type != MemoryType.GPU:
+            return self
+        from pb_tensor import cuda
+
+        host = np.empty(self.byte_size, dtype=np.uint8)
+        if host.nbytes:
+            cuda.copy_device_to_host(host, self.data_ptr, device=self._memory_id)
+        dtype = _numpy_storage_dtype(self._dtype)
+        view = host.view(dtype).reshape(self._dims)
+        out = _new_tensor(Tensor)
+        out._name = self._name
+        out._dtype = self._dtype
+        out._dims = self._dims
+        out._memory_type = MemoryType.CPU
+        out._memory_id = 0
+        out._array = view if self._dtype != TritonDtype.TYPE_BF16 else None
+        out._dl = None if out._array is not None else dl.from_dlpack(
+            dl.BufferExporter(host, dl.producer._array_data(host), self._dims, None,
+                              _dl_dtype(self))
+        )
+        out._serialized = None
+        out._shm = None
+        return out
+
+    def save_to_shared_memory(self, pool: SharedMemoryPool) -> int:
+        """Copy the tensor into ``pool`` once and return its handle (idempotent, as upstream).
+
+        Afterwards the tensor's data lives in the pool. A GPU tensor stays in device memory:
+        the record holds a CUDA IPC handle of its allocation and the pointer's offset in it,
+        which a loading process opens. The tensor keeps the record alive while it lives.
+
+        Raises:
+            TritonModelException: the pool cannot grow enough, or GPU memory without CUDA
+                (or memory CUDA cannot export, such as another process's mapping).
+        """
+        from pb_tensor import _tensor_shm
+
+        return _tensor_shm.save(self, pool)
+
+    @staticmethod
+    def load_from_shared_memory(pool: SharedMemoryPool, handle: int) -> Tensor:
+        """A zero-copy view of a tensor saved in ``pool`` (by any process).
+
+        The loaded tensor, and everything exported from it, keep the allocation alive. A GPU
+        record's IPC handle is opened on its device (and closed when the last of them dies);
+        in the process that saved it, the saving tensor's memory is reused instead, as CUDA
+        cannot open a handle in the process that exported it.
+
+        Raises:
+            TritonModelException: a bad handle or a corrupted record (naming the field); a GPU
+                record without CUDA, or whose IPC handle cannot be opened.
+        """
+        from pb_tensor import _tensor_shm
+
+        return _tensor_shm.load(pool, handle)
+
+
+_new_tensor: Final = object.__new__
+
+
+def _raw_host(t: Tensor) -> np.ndarray[Any, Any]:
+    imported = t._dl
+    if imported is None:
+        raise TritonModelException(f"Tensor {t._name!r} holds no host data")
+    return imported.numpy(raw=True)
+
+
+def _dl_dtype(t: Tensor) -> dl.DataType:
+    return dl.DataType(*triton_to_dlpack(t._dtype))
+
+
+def _numpy_storage_dtype(dtype: TritonDtype) -> np.dtype[Any]:
+    if dtype == TritonDtype.TYPE_BF16:
+        return np.dtype(np.uint16)
+    from pb_tensor.dtypes import numpy_dtype_of
+
+    return numpy_dtype_of(dtype)
+
+
+def _export_host_copy(t: Tensor, versioned: bool) -> CapsuleType:
+    """A capsule of a fresh host copy of GPU tensor ``t`` (IS_COPIED when versioned)."""
+    host = t.to_host()
+    owner, data, shape, strides = host._export_fields()
+    return dl.export_buffer(owner, data, shape, strides, _dl_dtype(t), (_KDL_CPU, 0),
+                            versioned=versioned, copied=True)
+
+
+_GPU_UNAVAILABLE: Final = (
+    "DLPack capsule passed pointer to memory allocated on GPU device, when GPU is not available"
+)
+
+
+def _import_gpu(producer: object, device_id: int) -> dl.DLPackTensor:
+    """python_backend's GPU import (DESIGN 4.4) through :func:`cuda.import_from_producer`:
+    device ``device_id`` current, ``__dlpack__(stream=<its proxy stream>)``, then the proxy
+    stream synchronised and the caller's device restored (also when anything fails)."""
+    from pb_tensor import cuda
+
+    def check(t: dl.DLPackTensor) -> None:
+        if t.device != (_KDL_CUDA, device_id):
+            # The producer said (kDLCUDA, id) but exported other memory: trusting the capsule
+            # would skip the synchronisation it was scoped for.
+            raise TritonModelException(
+                f"DLPack producer reported device (kDLCUDA, {device_id}) but exported a tensor "
+                f"on device ({int(t.device[0])}, {t.device[1]})"
+            )
+        _check_importable(t)
+
+    try:
+        return cuda.import_from_producer(producer, device_id, check)
+    except cuda.CudaUnavailableError as exc:
+        # Upstream's text for a CPU-only build, then why CUDA cannot be used here.
+        raise cuda.CudaUnavailableError(
+            f"{_GPU_UNAVAILABLE}: {exc}", exc.code, exc.error_name
+        ) from exc
+
+
+# Patch numpy's versioned capsules to claim the minor version whose rules they keep.
+_MEM = dl.consumer._MEM
+_get_pointer = dl._capi.PyCapsule_GetPointer
+_ADDR_VERSIONED = dl._capi.ADDR_DLTENSOR_VERSIONED
+_pack_minor: Callable[..., None] = __import__("struct").Struct("@I").pack_into
+
+
+def _numpy_export(
+    array: np.ndarray[Any, Any],
+    max_version: tuple[int, int] | None,
+    dl_device: tuple[int, int] | None,
+    copy: bool | None,
+) -> CapsuleType:
+    try:
+        capsule: CapsuleType = array.__dlpack__(
+            max_version=max_version, dl_device=dl_device, copy=copy
+        )
+    except BufferError as exc:
+        raise TritonBufferError(str(exc)) from exc
+    if max_version is not None and max_version[0] >= 1:
+        ptr = _get_pointer(capsule, _ADDR_VERSIONED)
+        if ptr:
+            _pack_minor(_MEM, ptr + 4, dl.abi.DLPACK_MINOR_VERSION)
+    return capsule

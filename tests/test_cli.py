@@ -1,0 +1,134 @@
+"""``python -m pb_tensor demo|doctor|bench`` in a subprocess: exit status and expected rows,
+with the optional frameworks installed and with them hidden."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import pb_tensor
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(pb_tensor.__file__)))
+TIMEOUT = 240
+
+# Runs ``python -m pb_tensor`` with the listed modules made unimportable, as if not installed.
+_HIDDEN = """
+import runpy, sys
+for name in sys.argv[1].split(","):
+    sys.modules[name] = None
+sys.argv = ["pb_tensor", *sys.argv[2:]]
+runpy.run_module("pb_tensor", run_name="__main__", alter_sys=True)
+"""
+
+
+def _run(*args: str, hide: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    env.pop("PYTHONWARNINGS", None)
+    if hide:
+        cmd = [sys.executable, "-W", "error", "-c", textwrap.dedent(_HIDDEN), ",".join(hide),
+               *args]
+    else:
+        cmd = [sys.executable, "-m", "pb_tensor", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env,
+                          cwd=REPO_ROOT, check=False)
+
+
+def _rows(stdout: str) -> dict[str, tuple[str, str]]:
+    """The demo table as ``{step: (result, what happened)}``."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in stdout.splitlines():
+        parts = re.split(r"\s{2,}", line.strip(), maxsplit=2)
+        if len(parts) == 3 and parts[1] in ("ok", "FAILED", "skipped"):
+            rows[parts[0]] = (parts[1], parts[2])
+    return rows
+
+
+def _have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+CORE_ROWS = ["numpy -> Tensor", "Tensor -> np.from_dlpack", "non-contiguous numpy",
+             "BYTES round trip", "faithful error", "strided DLPack refused", "no leaks"]
+
+
+def test_demo() -> None:
+    proc = _run("demo")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(proc.stdout)
+    for step in CORE_ROWS:
+        assert rows[step][0] == "ok", (step, rows.get(step))
+    if _have("torch"):
+        for step in ("Tensor -> torch", "torch -> Tensor", "BF16 through torch"):
+            assert rows[step][0] == "ok", (step, rows.get(step))
+    if _have("jax"):
+        for step in ("Tensor -> JAX", "JAX -> Tensor"):
+            assert rows[step][0] == "ok", (step, rows.get(step))
+    assert rows["CUDA"][0] in ("ok", "skipped")
+    assert "FAILED" not in proc.stdout
+
+
+def test_default_command_is_demo() -> None:
+    proc = _run(hide=("torch", "jax", "jaxlib"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("pb-tensor demo")
+
+
+def test_demo_without_torch_and_jax() -> None:
+    proc = _run("demo", hide=("torch", "jax", "jaxlib", "ml_dtypes"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(proc.stdout)
+    for step in CORE_ROWS:
+        assert rows[step][0] == "ok", (step, rows.get(step))
+    assert rows["torch"][0] == "skipped"
+    assert "pip install torch" in rows["torch"][1]
+    assert rows["JAX"][0] == "skipped"
+    assert "pip install jax" in rows["JAX"][1]
+    assert "Tensor -> torch" not in rows
+    assert "FAILED" not in proc.stdout
+
+
+def test_doctor() -> None:
+    proc = _run("doctor")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
+    assert lines["python"].startswith(".".join(map(str, sys.version_info[:2])))
+    import numpy as np
+
+    assert lines["numpy"] == np.__version__
+    for name in ("torch", "jax", "ml_dtypes"):
+        assert name in lines
+        if _have(name):
+            assert lines[name] != "not installed"
+    assert "numpy data pointer" in lines["fast"]
+    assert "CUDA" in lines
+
+
+def test_doctor_without_torch_and_jax() -> None:
+    proc = _run("doctor", hide=("torch", "jax", "jaxlib", "ml_dtypes"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
+    for name in ("torch", "jax", "jaxlib", "ml_dtypes"):
+        assert lines[name] == "not installed", (name, lines[name])
+
+
+@pytest.mark.parametrize("hide", [(), ("torch", "jax", "jaxlib")], ids=["full", "no-frameworks"])
+def test_bench(hide: tuple[str, ...]) -> None:
+    proc = _run("bench", hide=hide)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for label in ("Tensor('x', a)", "np.from_dlpack(tensor)", "Tensor.from_dlpack('x', a)"):
+        match = re.search(rf"^{re.escape(label)}\s+([0-9.]+)\s*$", proc.stdout, re.MULTILINE)
+        assert match, (label, proc.stdout)
+        assert float(match.group(1)) > 0
+
+
+def test_bad_command() -> None:
+    proc = _run("frobnicate")
+    assert proc.returncode == 2
+    assert "invalid choice" in proc.stderr
