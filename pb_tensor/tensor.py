@@ -201,9 +201,10 @@ class Tensor:
         Raises:
             TypeError: ``name`` is not a ``str``.
             TritonModelException: empty name; not a DLPack capsule/producer; a capsule that
-                was already consumed; an unsupported device or dtype; a tensor that is not C-contiguous; GPU import without CUDA;
-                an invalid DLPack tensor or a producer's ``BufferError`` (as
-                :class:`TritonBufferError`, also a ``BufferError``).
+                was already consumed; an unsupported device or dtype; a tensor that is not
+                C-contiguous; GPU import without CUDA; an invalid DLPack tensor or a
+                producer's ``BufferError`` (as :class:`TritonBufferError`, also a
+                ``BufferError``).
         """
         if type(name) is not str:
             raise TypeError(
