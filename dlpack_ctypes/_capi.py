@@ -13,6 +13,8 @@ constants: ``PyCapsule_New`` and ``PyCapsule_SetName`` store the pointer, not a 
 from __future__ import annotations
 
 import ctypes
+import sys
+import sysconfig
 from collections.abc import Callable
 from typing import Any, Final, cast
 
@@ -93,5 +95,33 @@ ADDR_USED_DLTENSOR_VERSIONED: Final = _NAME_BUFFERS[abi.NAME_USED_DLTENSOR_VERSI
 _probe_buf, _probe_addr = _static_name(b"dlpack_ctypes.probe")
 CapsuleType: Final[type] = type(PyCapsule_New(_probe_addr, _probe_addr, None))
 
+def _probe_capsule_name_field() -> int | None:
+    """Offset of ``PyCapsule.name`` from the object's address, if it is where CPython puts it.
+
+    Renaming a consumed capsule by writing that field costs a third of a ``PyCapsule_SetName``
+    call. It is used only if this check, run once at import, shows that writing the field is
+    exactly what ``PyCapsule_SetName`` does on this interpreter; otherwise the C API is used.
+    """
+    if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return None
+    offset = object.__basicsize__ + ctypes.sizeof(ctypes.c_void_p)  # {HEAD; pointer; name; ...}
+    first, second = ADDR_DLTENSOR, ADDR_USED_DLTENSOR
+    capsule = PyCapsule_New(_probe_addr, first, None)
+    field = ctypes.c_void_p.from_address(id(capsule) + offset)
+    if field.value != first or PyCapsule_GetPointer(capsule, first) != _probe_addr:
+        return None
+    field.value = second
+    if PyCapsule_GetName(capsule) != abi.NAME_USED_DLTENSOR or not PyCapsule_IsValid(
+        capsule, second
+    ):
+        return None
+    return offset
+
+
+#: Where a capsule's name pointer lives relative to ``id(capsule)``, or None (use the C API).
+CAPSULE_NAME_OFFSET: Final = _probe_capsule_name_field()
+
 #: ``void (*)(void*)`` — the C type of DLPack deleters and of our own thunks.
 VOIDFN: Final = ctypes.CFUNCTYPE(None, _void_p)
+#: The same C type, called with the GIL held (for calling foreign deleters).
+VOIDFN_GIL: Final = ctypes.PYFUNCTYPE(None, _void_p)

@@ -60,13 +60,16 @@ _EMPTY_DATA: Final = ctypes.addressof(_EMPTY_BUFFER)
 _ADDR_VERSIONED: Final = _capi.ADDR_DLTENSOR_VERSIONED
 _ADDR_USED_VERSIONED: Final = _capi.ADDR_USED_DLTENSOR_VERSIONED
 _VERSIONS: Final = {minor: (1, minor) for minor in range(16)}
+_NAME_OFFSET: Final = _capi.CAPSULE_NAME_OFFSET
+_pack_ptr = struct.Struct("@P").pack_into
 _get_name = _capi.PyCapsule_GetName
 _get_pointer = _capi.PyCapsule_GetPointer
 _set_name = _capi.PyCapsule_SetName
 _CapsuleType = _capi.CapsuleType
 
-# Foreign deleters wrapped once per address. CFUNCTYPE releases the GIL around the call, as the
-# DLPack deleter contract expects.
+# Foreign deleters wrapped once per address. They are called with the GIL held, as numpy's and
+# Triton's consumers call them (a deleter that touches Python must take the GIL itself anyway,
+# and re-taking a held GIL is fine); this saves a GIL release/acquire per tensor.
 _FOREIGN_DELETERS: dict[int, Callable[[int], None]] = {DELETER_ADDRESS: _deleter_impl}
 _capi.immortalize(_FOREIGN_DELETERS)
 
@@ -74,33 +77,10 @@ _capi.immortalize(_FOREIGN_DELETERS)
 def _deleter_for(address: int) -> Callable[[int], None]:
     fn = _FOREIGN_DELETERS.get(address)
     if fn is None:
-        thunk = _capi.VOIDFN(address)
+        thunk = _capi.VOIDFN_GIL(address)
         _capi.immortalize(thunk)
         fn = _FOREIGN_DELETERS[address] = thunk
     return fn
-
-
-class _Owner:
-    """Holds the managed tensor; calls its deleter exactly once when garbage.
-
-    numpy views made by :meth:`DLPackTensor.numpy` have this object as their ``base``.
-    """
-
-    __slots__ = ("__array_interface__", "__weakref__", "_addr", "_fn")
-    __array_interface__: dict[str, Any] | None
-
-    def __init__(self, addr: int, fn: Callable[[int], None] | None) -> None:
-        self._addr = addr
-        self._fn = fn
-        # Set (not left unset) so that DLPackTensor.numpy tests it without raising and
-        # swallowing an AttributeError on every first view.
-        self.__array_interface__ = None
-
-    def __del__(self) -> None:
-        fn = self._fn
-        if fn is not None:
-            self._fn = None
-            fn(self._addr)
 
 
 # DataType -> (typestr of the array the interface describes, itemsize, target): target is True
@@ -142,7 +122,11 @@ class DLPackTensor:
     """
 
     __slots__ = (
-        "_owner",
+        "__array_interface__",
+        "__weakref__",
+        "_addr",
+        "_closed",
+        "_fn",
         "byte_offset",
         "data",
         "device",
@@ -153,7 +137,12 @@ class DLPackTensor:
         "version",
     )
 
-    _owner: _Owner | None
+    # The tensor is the ``base`` of its numpy views, so it lives as long as they do; its
+    # finaliser calls the producer's deleter. _fn is that deleter until it has run.
+    __array_interface__: dict[str, Any] | None
+    _addr: int
+    _fn: Callable[[int], None] | None
+    _closed: bool
     data: int
     byte_offset: int
     device: tuple[DLDeviceType, int]
@@ -163,13 +152,19 @@ class DLPackTensor:
     version: tuple[int, int] | None
     flags: int
 
+    def __del__(self) -> None:
+        fn = self._fn
+        if fn is not None:
+            self._fn = None
+            fn(self._addr)
+
     @property
     def readonly(self) -> bool:
         """READ_ONLY is set (legacy capsules cannot say so and import writable)."""
         return bool(self.flags & DLPACK_FLAG_BITMASK_READ_ONLY)
 
     def __repr__(self) -> str:
-        state = "" if self._owner is not None else ", closed"
+        state = ", closed" if self._closed else ""
         return (
             f"DLPackTensor(shape={self.shape}, dtype={self.dtype!r}, "
             f"device=({self.device[0].name}, {self.device[1]}), readonly={self.readonly}{state})"
@@ -201,7 +196,12 @@ class DLPackTensor:
     @property
     def closed(self) -> bool:
         """:meth:`close` was called."""
-        return self._owner is None
+        return self._closed
+
+    @property
+    def released(self) -> bool:
+        """The producer's deleter has run (or there was none)."""
+        return self._fn is None
 
     def is_c_contiguous(self) -> bool:
         """Elements are dense in C order (size-1 dimensions and empty tensors always pass)."""
@@ -226,13 +226,29 @@ class DLPackTensor:
             BufferError: the memory is not host-accessible, the tensor is closed, or numpy has no
                 dtype for it (and ``raw`` is False or lanes != 1).
         """
-        owner = self._owner
-        if owner is None:
+        if self._closed:
             raise BufferError("DLPackTensor.numpy: the tensor was closed")
-        if owner.__array_interface__ is None:
-            owner.__array_interface__ = self._interface()
-        target = _VIEW_INFO[self.dtype][2]
-        arr: np.ndarray[Any, Any] = np.asarray(owner)
+        info = _VIEW_INFO.get(self.dtype)
+        if self.__array_interface__ is None:
+            if info is None or self.device[0] not in HOST_DEVICES:
+                self.__array_interface__ = self._interface()
+                info = _VIEW_INFO[self.dtype]
+            else:
+                # Inlined _interface() for the common case: this is the consumer's hot path.
+                shape = self.shape
+                strides = self.strides
+                self.__array_interface__ = {
+                    "data": (self.data or _EMPTY_DATA, bool(self.flags & 1)),
+                    "shape": shape,
+                    "strides": None if strides == _c_strides(shape) else tuple(
+                        [s * info[1] for s in strides]),
+                    "typestr": info[0],
+                    "version": 3,
+                }
+        elif info is None:
+            info = _VIEW_INFO[self.dtype]
+        target = info[2]
+        arr: np.ndarray[Any, Any] = np.asarray(self)
         if target is True or raw:
             return arr
         if target is None:
@@ -260,12 +276,18 @@ class DLPackTensor:
         }
 
     def close(self) -> None:
-        """Give up this object's claim on the managed tensor.
+        """Release the managed tensor now, or as soon as possible.
 
-        The deleter runs now if no numpy view made by :meth:`numpy` is alive, otherwise when the
-        last view dies. Idempotent.
+        If :meth:`numpy` was never called, the producer's deleter runs now. Otherwise views may
+        still use the memory, so it runs when the last of them (and this object) is gone; further
+        :meth:`numpy` calls raise either way. Idempotent.
         """
-        self._owner = None
+        self._closed = True
+        if self.__array_interface__ is None:
+            fn = self._fn
+            if fn is not None:
+                self._fn = None
+                fn(self._addr)
 
     def __enter__(self) -> DLPackTensor:
         return self
@@ -351,7 +373,9 @@ def consume(
     else:
         shape = strides = ()
     tensor = _new_tensor(DLPackTensor)
-    tensor._owner = None
+    tensor._fn = None
+    tensor._closed = False
+    tensor.__array_interface__ = None
     tensor.data = (data or 0) + byte_offset
     tensor.byte_offset = byte_offset
     tensor.device = (dev, dev_id)
@@ -371,10 +395,13 @@ def consume(
         tensor.dtype = dtype
         if check is not None:
             check(tensor)
-    _set_name(capsule, used_name)
-    # Owned from here on: the owner's finaliser releases it exactly once whatever happens next.
-    tensor._owner = _Owner(ptr, (_FOREIGN_DELETERS.get(deleter) or _deleter_for(deleter))
-                           if deleter else None)
+    if _NAME_OFFSET is None:
+        _set_name(capsule, used_name)
+    else:
+        _pack_ptr(mem, id(capsule) + _NAME_OFFSET, used_name)
+    # Owned from here on: the tensor's finaliser releases it exactly once whatever happens next.
+    tensor._addr = ptr
+    tensor._fn = (_FOREIGN_DELETERS.get(deleter) or _deleter_for(deleter)) if deleter else None
     return tensor
 
 
@@ -471,6 +498,16 @@ def from_dlpack(
     return consume(capsule, check=check)
 
 
+class _HostView:
+    """The ``base`` of :func:`_host_view` arrays: describes the memory, keeps its owner."""
+
+    __slots__ = ("__array_interface__", "_keep")
+
+    def __init__(self, interface: dict[str, Any], keep: object) -> None:
+        self.__array_interface__ = interface
+        self._keep = keep
+
+
 def _host_view(
     data: int,
     shape: tuple[int, ...],
@@ -478,15 +515,13 @@ def _host_view(
     dtype: DataType,
     owner: object,
 ) -> np.ndarray[Any, Any]:
-    """A numpy view of host memory described by DLPack fields, keeping ``owner`` alive."""
-    view_owner = _Owner(0, None)
+    """A raw numpy view of host memory described by DLPack fields, keeping ``owner`` alive."""
     tensor = _new_tensor(DLPackTensor)
-    tensor._owner = view_owner
+    tensor._fn = None
+    tensor._closed = False
+    tensor.__array_interface__ = None
     tensor.data, tensor.byte_offset = data, 0
     tensor.device = (DLDeviceType.kDLCPU, 0)
     tensor.dtype, tensor.shape, tensor.strides = dtype, shape, strides
     tensor.version, tensor.flags = None, 0
-    arr = tensor.numpy(raw=True)
-    # Keep the memory's owner alive through the view's base object.
-    view_owner._fn = lambda _addr, _keep=owner: None
-    return arr
+    return np.asarray(_HostView(tensor._interface(), owner))

@@ -302,7 +302,7 @@ def test_check_callback_raising_leaves_capsule_unconsumed(make_capsule: Any) -> 
     with pytest.raises(ValueError, match=r"wrong shape \(2, 3\)"):
         dl.consume(capsule, check=check)
     assert make_capsule.name(capsule) == b"dltensor_versioned"
-    assert seen[0].closed  # the rejected tensor never owned anything
+    assert seen[0].released  # the rejected tensor never owned anything
     seen.clear()
     assert info.calls == 0
     # Still consumable.
@@ -345,11 +345,16 @@ def test_close_with_live_views(make_capsule: Any) -> None:
     v1 = t.numpy()
     v2 = t.numpy()[1:]
     t.close()
-    assert info.calls == 0
+    assert info.calls == 0  # the views still use the memory
+    with pytest.raises(BufferError, match=r"the tensor was closed"):
+        t.numpy()
     del v1
     assert info.calls == 0
     assert v2.tolist() == [1.0, 2.0, 3.0]
     del v2
+    assert info.calls == 0  # t is still referenced here
+    assert not t.released
+    del t
     assert info.calls == 1
 
 
