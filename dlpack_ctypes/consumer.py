@@ -152,6 +152,9 @@ class DLPackTensor:
     version: tuple[int, int] | None
     flags: int
 
+    def __new__(cls, *args: object, **kwargs: object) -> DLPackTensor:
+        raise TypeError("DLPackTensor is made by dlpack_ctypes.from_dlpack() or consume()")
+
     def __del__(self) -> None:
         fn = self._fn
         if fn is not None:
@@ -470,18 +473,27 @@ def from_dlpack(
                 "from_dlpack: device, copy and stream cannot be negotiated with a raw capsule"
             )
         return consume(obj, check=check)
+    if stream is None and device is None and copy is None:
+        # The common request, with the fewest steps (this is the consumer's hot path).
+        producer: Any = obj
+        try:
+            capsule = producer.__dlpack__(max_version=_REQUEST_VERSION)
+        except AttributeError:
+            if hasattr(obj, "__dlpack__"):
+                raise  # raised inside the producer
+            raise TypeError(
+                f"from_dlpack expects a DLPack capsule or an object with __dlpack__: "
+                f"got {type(obj).__name__}"
+            ) from None
+        except TypeError:
+            capsule = producer.__dlpack__()  # a producer that predates DLPack 1.0
+        return consume(capsule, check=check)
     method = getattr(obj, "__dlpack__", None)
     if method is None:
         raise TypeError(
             f"from_dlpack expects a DLPack capsule or an object with __dlpack__: "
             f"got {type(obj).__name__}"
         )
-    if stream is None and device is None and copy is None:
-        try:
-            capsule = method(max_version=_REQUEST_VERSION)
-        except TypeError:
-            capsule = method()
-        return consume(capsule, check=check)
     kwargs: dict[str, Any] = {"max_version": _REQUEST_VERSION}
     if stream is not None:
         kwargs["stream"] = stream
