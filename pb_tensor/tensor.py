@@ -96,20 +96,29 @@ def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
 
 def _check_importable(t: dl.DLPackTensor) -> None:
     """Triton's rules for DLPack input, applied before the capsule is consumed."""
+    strides = t.strides
+    if (
+        t.dtype in _DTYPE_OF_DL
+        and t.device[0] in _MEMORY_OF_DEVICE
+        and (strides == _c_strides(t.shape) or _c_contiguous(t.shape, strides))
+    ):
+        return  # the common case, decided with three lookups
     device_type = int(t.device[0])
     if device_type not in _MEMORY_OF_DEVICE:
         raise _device_error(device_type)
-    dtype = _DTYPE_OF_DL.get(t.dtype)
-    if dtype is None:
-        dtype = triton_from_dlpack(*t.dtype)
+    if t.dtype not in _DTYPE_OF_DL:
+        dtype = triton_from_dlpack(*t.dtype)  # raises upstream's BF16 bit-width message
         if dtype == TritonDtype.TYPE_INVALID:
             code, bits, lanes = t.dtype
             raise TritonModelException(
                 f"Dtype is invalid. DLPack data type (code={code}, bits={bits}, lanes={lanes}) "
                 "has no Triton equivalent."
             )
-    if t.strides != dl.consumer._c_strides(t.shape) and not _c_contiguous(t.shape, t.strides):
+    if not (strides == _c_strides(t.shape) or _c_contiguous(t.shape, strides)):
         raise TritonModelException(_NOT_CONTIGUOUS)
+
+
+_c_strides: Final = dl.consumer._c_strides
 
 
 _DTYPE_OF_DL: dict[tuple[int, int, int], TritonDtype] = {}
