@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     numpy_view = med["consume"] - med["b_from_dlpack"]
     print(f"  numpy's own export (a.__dlpack__)        {med['b_np_export']:6.3f} us")
     print(f"  from_dlpack + consume (ours)             {consume_only:6.3f} us")
-    print(f"  release: numpy's deleter via CFUNCTYPE   {release:6.3f} us")
+    print(f"  release: numpy's deleter (ctypes call)   {release:6.3f} us")
     print(f"  .numpy(): __array_interface__ + asarray  {numpy_view:6.3f} us")
     dl.flush()
     return 0

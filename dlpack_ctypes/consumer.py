@@ -61,6 +61,7 @@ _ADDR_VERSIONED: Final = _capi.ADDR_DLTENSOR_VERSIONED
 _ADDR_USED_VERSIONED: Final = _capi.ADDR_USED_DLTENSOR_VERSIONED
 _VERSIONS: Final = {minor: (1, minor) for minor in range(16)}
 _NAME_OFFSET: Final = _capi.CAPSULE_NAME_OFFSET
+_asarray: Final = np.asarray
 _pack_ptr = struct.Struct("@P").pack_into
 _get_name = _capi.PyCapsule_GetName
 _get_pointer = _capi.PyCapsule_GetPointer
@@ -251,7 +252,7 @@ class DLPackTensor:
         elif info is None:
             info = _VIEW_INFO[self.dtype]
         target = info[2]
-        arr: np.ndarray[Any, Any] = np.asarray(self)
+        arr: np.ndarray[Any, Any] = _asarray(self)
         if target is True or raw:
             return arr
         if target is None:

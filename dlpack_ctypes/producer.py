@@ -9,8 +9,8 @@ Lifetime model (DESIGN 3.3):
   an exception is pending, or during interpreter teardown (where it leaks on purpose).
 * Capsules are created **without a destructor**. A ctypes destructor cannot run while an
   exception is pending without either losing the deleter call or turning the consumer's error
-  into ``SystemError`` (numpy#32697; ``reference/dlpack.md`` 8.6). Instead every exported capsule
-  is remembered in a pending queue and *swept* at safe points: when the queue outgrows a
+  into ``SystemError`` (numpy#32697). Instead every exported capsule is remembered in a
+  pending queue and *swept* at safe points: when the queue outgrows a
   threshold during an export, after each garbage collection, at :func:`flush`, and at exit. A
   swept capsule that nobody else references and that still carries its fresh name was never
   consumed, so the sweep runs the deleter for it; a renamed one belongs to its consumer.

@@ -13,7 +13,7 @@ import dlpack_ctypes as dl
 from pb_tensor import bytes_codec, shm
 from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_dlpack
 from pb_tensor.errors import TritonModelException
-from pb_tensor.tensor import Tensor, _new_tensor
+from pb_tensor.tensor import Tensor, _fill, _new_tensor
 
 __all__ = ["load", "save"]
 
@@ -162,15 +162,8 @@ def load(pool: shm.SharedMemoryPool, handle: int) -> Tensor:
             f"Corrupted tensor record at shared memory handle {handle}: "
             f"dtype {record.dtype} / memory_type {record.memory_type} unknown"
         ) from None
-    tensor = _new_tensor(Tensor)
-    tensor._name = record.name
-    tensor._dtype = dtype
-    tensor._dims = record.dims
-    tensor._memory_type = memory_type
-    tensor._memory_id = record.memory_type_id
-    tensor._array = None
-    tensor._dl = None
-    tensor._serialized = None
+    tensor = _fill(_new_tensor(Tensor), record.name, dtype, record.dims, memory_type,
+                   record.memory_type_id, None, None, None)
     if memory_type == MemoryType.GPU:
         tensor._dl = _open_gpu(record, dtype)
         tensor._shm = (pool, handle, record)

@@ -184,17 +184,8 @@ class Tensor:
         dtype = triton_dtype_from_numpy(array.dtype)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        self._name = name
-        self._dtype = dtype
-        self._dims = array.shape
-        self._memory_type = MemoryType.CPU
-        self._memory_id = 0
-        self._array = array
-        self._dl = None
-        self._shm = None
-        self._serialized = (
-            bytes_codec.serialize(array) if dtype == TritonDtype.TYPE_BYTES else None
-        )
+        _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None,
+              bytes_codec.serialize(array) if dtype == TritonDtype.TYPE_BYTES else None)
 
     # ----------------------------------------------------------------------------------------
     # Construction from DLPack
@@ -257,32 +248,14 @@ class Tensor:
 
     @staticmethod
     def _from_array(name: str, array: np.ndarray[Any, Any], dtype: TritonDtype) -> Tensor:
-        self = _new_tensor(Tensor)
-        self._name = name
-        self._dtype = dtype
-        self._dims = array.shape
-        self._memory_type = MemoryType.CPU
-        self._memory_id = 0
-        self._array = array
-        self._dl = None
-        self._serialized = None
-        self._shm = None
-        return self
+        return _fill(_new_tensor(Tensor), name, dtype, array.shape, MemoryType.CPU, 0, array,
+                     None, None)
 
     @staticmethod
     def _from_imported(name: str, imported: dl.DLPackTensor) -> Tensor:
-        self = _new_tensor(Tensor)
-        self._name = name
-        self._dtype = _DTYPE_OF_DL[imported.dtype]
-        self._dims = imported.shape
         device_type, device_id = imported.device
-        self._memory_type = _MEMORY_OF_DEVICE[device_type]
-        self._memory_id = device_id
-        self._array = None
-        self._dl = imported
-        self._serialized = None
-        self._shm = None
-        return self
+        return _fill(_new_tensor(Tensor), name, _DTYPE_OF_DL[imported.dtype], imported.shape,
+                     _MEMORY_OF_DEVICE[device_type], device_id, None, imported, None)
 
     # ----------------------------------------------------------------------------------------
     # The pb_utils.Tensor methods
@@ -511,20 +484,15 @@ class Tensor:
             cuda.copy_device_to_host(host, self.data_ptr, device=self._memory_id)
         dtype = _numpy_storage_dtype(self._dtype)
         view = host.view(dtype).reshape(self._dims)
-        out = _new_tensor(Tensor)
-        out._name = self._name
-        out._dtype = self._dtype
-        out._dims = self._dims
-        out._memory_type = MemoryType.CPU
-        out._memory_id = 0
-        out._array = view if self._dtype != TritonDtype.TYPE_BF16 else None
-        out._dl = None if out._array is not None else dl.from_dlpack(
+        if self._dtype != TritonDtype.TYPE_BF16:
+            return _fill(_new_tensor(Tensor), self._name, self._dtype, self._dims,
+                         MemoryType.CPU, 0, view, None, None)
+        imported = dl.from_dlpack(
             dl.BufferExporter(host, dl.producer._array_data(host), self._dims, None,
                               _dl_dtype(self))
         )
-        out._serialized = None
-        out._shm = None
-        return out
+        return _fill(_new_tensor(Tensor), self._name, self._dtype, self._dims, MemoryType.CPU, 0,
+                     None, imported, None)
 
     def save_to_shared_memory(self, pool: SharedMemoryPool) -> int:
         """Copy the tensor into ``pool`` once and return its handle (idempotent, as upstream).
@@ -560,6 +528,30 @@ class Tensor:
 
 
 _new_tensor: Final = object.__new__
+
+
+def _fill(
+    t: Tensor,
+    name: str,
+    dtype: TritonDtype,
+    dims: tuple[int, ...],
+    memory_type: MemoryType,
+    memory_id: int,
+    array: np.ndarray[Any, Any] | None,
+    imported: dl.DLPackTensor | None,
+    serialized: np.ndarray[Any, Any] | None,
+) -> Tensor:
+    """Set every field of ``t`` (the one place that knows them all); returns ``t``."""
+    t._name = name
+    t._dtype = dtype
+    t._dims = dims
+    t._memory_type = memory_type
+    t._memory_id = memory_id
+    t._array = array
+    t._dl = imported
+    t._serialized = serialized
+    t._shm = None
+    return t
 
 
 def _raw_host(t: Tensor) -> np.ndarray[Any, Any]:

@@ -2,7 +2,7 @@
 
 DLPack import/export is in test_tensor_dlpack.py, torch/JAX interop in test_tensor_interop.py,
 shared memory in test_tensor_shm.py. Upstream behaviours come from
-``reference/upstream.md`` sections 1-3 and 6; deliberate fixes are marked "fix:".
+Triton python_backend's behaviour and QA tests; deliberate fixes are marked "fix:".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Capsules are hand-built with ``make_capsule`` (conftest: counting deleter, C-style destructor;
 its teardown asserts every deleter ran exactly once) or produced by ``dlpack_ctypes``; the
 autouse leak fixture asserts ``dlpack_ctypes.live_exports() == 0`` after every test.
-Upstream bugs fixed here are marked "fix:" (``reference/upstream.md`` 7.2).
+Upstream bugs fixed here are marked "fix:" (see the README's "Differences from Triton").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tensor on a real CUDA device (marked ``gpu``; skipped without one).
 
-Upstream's GPU DLPack tests (``qa/python_models/dlpack_test``, reference/upstream.md section 6)
+Upstream's GPU DLPack tests (Triton server's ``qa/python_models/dlpack_test``)
 ported as behaviours: torch and CuPy round trips for every dtype both ways, through capsules and
 through the protocol; work queued on a side stream or a non-blocking stream is complete right
 after ``from_dlpack``; data on device 1 imported while device 0 is current; exports outliving the
