@@ -1,6 +1,6 @@
 """Producing DLPack capsules from pure Python.
 
-Lifetime model (DESIGN 3.3):
+Lifetime model:
 
 * Each export allocates one ctypes block holding the managed struct followed by ``shape`` and
   ``strides``. ``_LIVE[address] = (block, owner)`` keeps the block and the data's owner alive
@@ -22,12 +22,13 @@ import atexit
 import collections
 import ctypes
 import gc
+import operator
 import struct
 import sys
 import sysconfig
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, SupportsIndex, cast
 
 import numpy as np
 
@@ -66,6 +67,7 @@ HOST_DEVICES: Final = frozenset(
     }
 )
 _MAX_NDIM: Final = 64
+_DEVICE_TYPES: Final = frozenset(int(d) for d in DLDeviceType)
 
 # --------------------------------------------------------------------------------------------
 # Registry and deleter
@@ -97,7 +99,8 @@ DELETER_ADDRESS: Final[int] = cast(int, ctypes.cast(_DELETER, ctypes.c_void_p).v
 
 _PENDING: collections.deque[tuple[object, int, int]] = collections.deque()
 _capi.immortalize(_PENDING)
-_SWEEP_LOCK = threading.Lock()
+# Re-entrant: dropping an owner during a sweep can run user finalisers that call flush().
+_SWEEP_LOCK = threading.RLock()
 _SWEEP_AT: list[int] = [64]
 _getrefcount = sys.getrefcount
 _is_valid = _capi.PyCapsule_IsValid
@@ -309,7 +312,7 @@ def _export(
 
 
 # --------------------------------------------------------------------------------------------
-# Negotiation (DESIGN 3.2)
+# Negotiation (the __dlpack__ request rules)
 
 
 def _parse_pair(value: object, what: str) -> tuple[int, int]:
@@ -369,8 +372,12 @@ def negotiate(
 
 
 def _check_stream(device_type: int, stream: object) -> None:
-    if isinstance(stream, bool) or not isinstance(stream, int):
+    if isinstance(stream, bool):
         raise TypeError(f"stream must be an int or None: {stream=!r}")
+    try:
+        stream = operator.index(cast("SupportsIndex", stream))  # numpy integers are fine too
+    except TypeError:
+        raise TypeError(f"stream must be an int or None: {stream=!r}") from None
     if device_type in (DLDeviceType.kDLCUDA, DLDeviceType.kDLROCM, DLDeviceType.kDLCUDAManaged):
         if stream == 0 and device_type != DLDeviceType.kDLROCM:
             raise ValueError("stream=0 is ambiguous for CUDA and not allowed by DLPack: pass "
@@ -521,13 +528,13 @@ class BufferExporter:
     """An object implementing the DLPack protocol over any memory.
 
     ``np.from_dlpack(BufferExporter(...))``, ``torch.from_dlpack(...)`` and ``jnp.from_dlpack``
-    then import the memory without a copy. Requests are negotiated as DESIGN 3.2 describes;
-    ``copy=True`` is honoured for host-accessible memory only.
+    then import the memory without a copy. Requests are negotiated as :func:`negotiate`
+    describes; ``copy=True`` is honoured for host-accessible memory only.
 
     Args: as :func:`export_buffer`; ``strides`` in elements or None for C-contiguous.
 
     Raises:
-        ValueError: malformed shape or strides.
+        ValueError: malformed shape or strides, or an unknown device type.
         BufferError: too many dimensions.
     """
 
@@ -552,7 +559,10 @@ class BufferExporter:
             int(s) for s in (_contiguous_strides(shape) if strides is None else strides)
         )
         self._dtype = DataType(*dtype)
-        self._device = (int(device[0]), int(device[1]))
+        device_type = int(device[0])
+        if device_type not in _DEVICE_TYPES:
+            raise ValueError(f"unknown DLPack device type: {device=!r}")
+        self._device = (device_type, int(device[1]))
         self._readonly = readonly
 
     @classmethod

@@ -10,7 +10,7 @@ says which of these is missing; the probes :func:`is_available`, :func:`device_c
 Every CUDA failure raises :class:`CudaError` whose message keeps python_backend's prefix where
 it has one and ends with CUDA's error name and string.
 
-Choices made here (DESIGN 4.4):
+Choices made here:
 
 * **Device scope** (:func:`device_scope`) switches only when the device differs, and on exit
   switches back only if the previous device's primary context is active, as python_backend's

@@ -65,7 +65,8 @@ _CapsuleType: Final = dl.CapsuleType
 
 def _numpy_forwards() -> bool:
     # numpy >= 2.4 always emits strides and takes the DLPack 1.0 keywords, so its C exporter
-    # keeps every rule of DESIGN 3.2 (after the version patch below) at a fraction of our cost.
+    # keeps every export rule of this package (after the version patch below) at a fraction
+    # of our cost.
     try:
         major, minor = (int(p) for p in np.__version__.split(".")[:2])
     except ValueError:
@@ -195,7 +196,7 @@ class Tensor:
         """Import a DLPack capsule or any object with ``__dlpack__``/``__dlpack_device__``.
 
         CPU (and pinned) memory is shared, not copied. GPU producers are synchronised through a
-        per-device proxy stream before this returns (DESIGN 4.4); raw capsules are wrapped
+        per-device proxy stream before this returns; raw capsules are wrapped
         without synchronisation, as upstream does.
 
         Raises:
@@ -587,7 +588,7 @@ _GPU_UNAVAILABLE: Final = (
 
 
 def _import_gpu(producer: object, device_id: int) -> dl.DLPackTensor:
-    """python_backend's GPU import (DESIGN 4.4) through :func:`cuda.import_from_producer`:
+    """python_backend's GPU import through :func:`cuda.import_from_producer`:
     device ``device_id`` current, ``__dlpack__(stream=<its proxy stream>)``, then the proxy
     stream synchronised and the caller's device restored (also when anything fails)."""
     from pb_tensor import cuda

@@ -621,3 +621,30 @@ def test_runtime_needs_only_numpy(run_python: Any) -> None:
     """
     result = run_python(code)
     assert (result.returncode, result.stderr, result.stdout) == (0, "", "ok\n")
+
+
+def test_flush_from_a_finaliser_during_a_sweep_does_not_deadlock() -> None:
+    # Dropping an export's owner during a sweep may run user code that calls flush().
+    calls: list[int] = []
+
+    class Owner:
+        def __del__(self) -> None:
+            calls.append(dl.flush())
+
+    buf = np.zeros(4)
+    capsule = dl.export_buffer(Owner(), buf.ctypes.data, (4,), None, dl.DataType(2, 64))
+    del capsule
+    dl.flush()
+    assert len(calls) == 1
+
+
+def test_stream_accepts_numpy_integers_and_rejects_bools() -> None:
+    assert dl.negotiate((2, 0), stream=np.int64(7), max_version=(1, 0))[0]
+    with pytest.raises(TypeError, match="stream must be an int"):
+        dl.negotiate((2, 0), stream=True)
+
+
+def test_buffer_exporter_rejects_unknown_device_types() -> None:
+    buf = np.zeros(4)
+    with pytest.raises(ValueError, match="unknown DLPack device type"):
+        dl.BufferExporter(buf, buf.ctypes.data, (4,), None, dl.DataType(2, 64), (99, 0))

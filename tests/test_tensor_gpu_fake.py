@@ -1,9 +1,10 @@
 """Tensor's GPU paths without a GPU: a fake CUDA producer against the recording fake runtime.
 
-Covers DESIGN 4.4 at the Tensor level (the exact CUDA call sequence of ``from_dlpack``, device
-restored on every error, the TypeError fallback, raw capsules without CUDA), GPU tensor
-properties and export (stream rules, host copies, device copies), ``to_host``, kDLCUDAHost as
-CPU_PINNED, missing cuda-python / driver, and GPU records in the shared-memory pool.
+Covers the GPU import rules at the Tensor level (the exact CUDA call sequence of
+``from_dlpack``, device restored on every error, the TypeError fallback, raw capsules without
+CUDA), GPU tensor properties and export (stream rules, host copies, device copies),
+``to_host``, kDLCUDAHost as CPU_PINNED, missing cuda-python / driver, and GPU records in the
+shared-memory pool.
 """
 
 from __future__ import annotations
