@@ -26,14 +26,21 @@ from dlpack_ctypes.abi import (
 )
 from dlpack_ctypes.consumer import DLPackTensor, consume, from_dlpack
 from dlpack_ctypes.dtypes import DataType, from_numpy_dtype, to_numpy_dtype
+from dlpack_ctypes.exporters import (
+    NUMPY_EXPORTER_KEEPS_RULES,
+    BufferExporter,
+    data_pointer,
+    fast_paths,
+    numpy_dlpack,
+    to_dlpack,
+)
 from dlpack_ctypes.producer import (
     HOST_DEVICES,
-    BufferExporter,
+    c_strides,
     export_buffer,
     flush,
     live_exports,
     negotiate,
-    to_dlpack,
 )
 
 __all__ = [
@@ -42,6 +49,7 @@ __all__ = [
     "DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED",
     "DLPACK_FLAG_BITMASK_READ_ONLY",
     "HOST_DEVICES",
+    "NUMPY_EXPORTER_KEEPS_RULES",
     "BufferExporter",
     "CapsuleType",
     "DLDataTypeCode",
@@ -49,13 +57,17 @@ __all__ = [
     "DLPackTensor",
     "DataType",
     "abi",
+    "c_strides",
     "consume",
+    "data_pointer",
     "export_buffer",
+    "fast_paths",
     "flush",
     "from_dlpack",
     "from_numpy_dtype",
     "live_exports",
     "negotiate",
+    "numpy_dlpack",
     "to_dlpack",
     "to_numpy_dtype",
 ]

@@ -29,8 +29,8 @@ from dlpack_ctypes.dtypes import VALID_BITS, DataType, to_numpy_dtype
 from dlpack_ctypes.producer import (
     DELETER_ADDRESS,
     HOST_DEVICES,
-    _c_strides_cached,
     _deleter_impl,
+    c_strides,
 )
 
 __all__ = ["DLPackTensor", "consume", "from_dlpack"]
@@ -104,7 +104,7 @@ def _view_info(dtype: DataType) -> tuple[str, int, np.dtype[Any] | bool | None]:
     return info
 
 
-_c_strides = _c_strides_cached
+_c_strides = c_strides
 
 
 class DLPackTensor:
@@ -308,7 +308,8 @@ def consume(
     """Take ownership of a DLPack capsule (``"dltensor"`` or ``"dltensor_versioned"``).
 
     Everything is validated before the capsule is renamed; on any failure before that point the
-    capsule is left as it was, so its producer still frees it.
+    capsule is left as it was, so its producer still frees it. As with every DLPack consumer, a
+    capsule must be consumed once: do not hand the same capsule to two threads at once.
 
     Args:
         capsule: a fresh DLPack capsule.

@@ -214,12 +214,11 @@ def _doctor() -> int:
     for name in ("torch", "jax", "jaxlib", "ml_dtypes", "cupy"):
         mod = _optional(name)
         lines.append(f"{name:<13} {getattr(mod, '__version__', '?') if mod else 'not installed'}")
-    from dlpack_ctypes import producer
-    from pb_tensor import tensor
+    import dlpack_ctypes
 
-    fast_ptr = producer._array_data is not producer._data_via_interface
-    lines.append(f"fast paths    numpy data pointer: {'on' if fast_ptr else 'off'}, "
-                 f"numpy's exporter for CPU tensors: {'on' if tensor._NUMPY_EXPORTS else 'off'}")
+    paths = dlpack_ctypes.fast_paths()
+    lines.append("fast paths    " + ", ".join(
+        f"{name.replace('_', ' ')}: {'on' if on else 'off'}" for name, on in paths.items()))
     reason = cuda.unavailable_reason()
     lines.append(f"CUDA          {'available' if reason is None else reason}")
     sys.stdout.write("\n".join(lines) + "\n")

@@ -6,8 +6,7 @@ messages), minus upstream's bugs; the README's "Differences from Triton" table l
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
@@ -63,18 +62,8 @@ _MEMORY_OF_DEVICE: Final = {
 _CapsuleType: Final = dl.CapsuleType
 
 
-def _numpy_forwards() -> bool:
-    # numpy >= 2.4 always emits strides and takes the DLPack 1.0 keywords, so its C exporter
-    # keeps every export rule of this package (after the version patch below) at a fraction
-    # of our cost.
-    try:
-        major, minor = (int(p) for p in np.__version__.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (2, 4)
-
-
-_NUMPY_EXPORTS: Final = _numpy_forwards()
+# numpy >= 2.4 exports host memory by its C code while keeping every rule of ours.
+_NUMPY_EXPORTS: Final = dl.NUMPY_EXPORTER_KEEPS_RULES
 
 
 def _device_error(device_type: int) -> TritonModelException:
@@ -119,7 +108,7 @@ def _check_importable(t: dl.DLPackTensor) -> None:
         raise TritonModelException(_NOT_CONTIGUOUS)
 
 
-_c_strides: Final = dl.consumer._c_strides
+_c_strides: Final = dl.c_strides
 
 
 _DTYPE_OF_DL: dict[tuple[int, int, int], TritonDtype] = {}
@@ -371,7 +360,7 @@ class Tensor:
         if (
             self._memory_type == MemoryType.GPU
             and dl_device is not None
-            and dl.producer._parse_pair(dl_device, "dl_device") == (_KDL_CPU, 0)
+            and _device_pair(dl_device) == (_KDL_CPU, 0)
         ):
             if copy is False:
                 raise TritonBufferError(
@@ -397,7 +386,7 @@ class Tensor:
                                         out_device, versioned=versioned, copied=True)
             source = self._array if self._array is not None else _raw_host(self)
             host = np.array(source, order="C", copy=True)
-            return dl.export_buffer(host, dl.producer._array_data(host), shape, None,
+            return dl.export_buffer(host, dl.data_pointer(host), shape, None,
                                     _dl_dtype(self), out_device, versioned=versioned,
                                     copied=True)
         return dl.export_buffer(owner, data, shape, strides, _dl_dtype(self), out_device,
@@ -413,7 +402,7 @@ class Tensor:
     def _export_fields(self) -> tuple[object, int, tuple[int, ...], tuple[int, ...] | None]:
         array = self._array
         if array is not None:
-            return array, dl.producer._array_data(array), array.shape, None
+            return array, dl.data_pointer(array), array.shape, None
         imported = self._dl
         if imported is None:
             raise TritonModelException(f"Tensor {self._name!r} holds no data to export")
@@ -450,9 +439,9 @@ class Tensor:
     def data_ptr(self) -> int:
         """Address of the first byte (for BYTES tensors: of the serialized bytes)."""
         if self._serialized is not None:
-            return int(dl.producer._array_data(self._serialized))
+            return int(dl.data_pointer(self._serialized))
         if self._array is not None:
-            return int(dl.producer._array_data(self._array))
+            return int(dl.data_pointer(self._array))
         imported = self._dl
         return imported.data if imported is not None else 0
 
@@ -489,7 +478,7 @@ class Tensor:
             return _fill(_new_tensor(Tensor), self._name, self._dtype, self._dims,
                          MemoryType.CPU, 0, view, None, None)
         imported = dl.from_dlpack(
-            dl.BufferExporter(host, dl.producer._array_data(host), self._dims, None,
+            dl.BufferExporter(host, dl.data_pointer(host), self._dims, None,
                               _dl_dtype(self))
         )
         return _fill(_new_tensor(Tensor), self._name, self._dtype, self._dims, MemoryType.CPU, 0,
@@ -612,13 +601,6 @@ def _import_gpu(producer: object, device_id: int) -> dl.DLPackTensor:
         ) from exc
 
 
-# Patch numpy's versioned capsules to claim the minor version whose rules they keep.
-_MEM = dl.consumer._MEM
-_get_pointer = dl._capi.PyCapsule_GetPointer
-_ADDR_VERSIONED = dl._capi.ADDR_DLTENSOR_VERSIONED
-_pack_minor: Callable[..., None] = __import__("struct").Struct("@I").pack_into
-
-
 def _numpy_export(
     array: np.ndarray[Any, Any],
     max_version: tuple[int, int] | None,
@@ -626,13 +608,15 @@ def _numpy_export(
     copy: bool | None,
 ) -> CapsuleType:
     try:
-        capsule: CapsuleType = array.__dlpack__(
-            max_version=max_version, dl_device=dl_device, copy=copy
-        )
+        return dl.numpy_dlpack(array, max_version=max_version, dl_device=dl_device, copy=copy)
     except BufferError as exc:
         raise TritonBufferError(str(exc)) from exc
-    if max_version is not None and max_version[0] >= 1:
-        ptr = _get_pointer(capsule, _ADDR_VERSIONED)
-        if ptr:
-            _pack_minor(_MEM, ptr + 4, dl.abi.DLPACK_MINOR_VERSION)
-    return capsule
+
+
+def _device_pair(value: object) -> tuple[int, int]:
+    """``dl_device`` as two ints (malformed values are left for :func:`dl.negotiate` to reject)."""
+    try:
+        device_type, device_id = cast("tuple[Any, Any]", value)
+        return int(device_type), int(device_id)
+    except (TypeError, ValueError):
+        return (-1, -1)
