@@ -232,24 +232,32 @@ class DLPackTensor:
         """
         if self._closed:
             raise BufferError("DLPackTensor.numpy: the tensor was closed")
-        info = _VIEW_INFO.get(self.dtype)
         if self.__array_interface__ is None:
+            info = _VIEW_INFO.get(self.dtype)
             if info is None or self.device[0] not in HOST_DEVICES:
                 self.__array_interface__ = self._interface()
                 info = _VIEW_INFO[self.dtype]
             else:
-                # Inlined _interface() for the common case: this is the consumer's hot path.
+                # Inlined _interface() for the common case: this is the consumer's hot path
+                # (a C-order view leaves "strides" out, which numpy parses fastest).
                 shape = self.shape
                 strides = self.strides
-                self.__array_interface__ = {
-                    "data": (self.data or _EMPTY_DATA, bool(self.flags & 1)),
-                    "shape": shape,
-                    "strides": None if strides == _c_strides(shape) else tuple(
-                        [s * info[1] for s in strides]),
-                    "typestr": info[0],
-                    "version": 3,
-                }
-        elif info is None:
+                if strides == _c_strides(shape):
+                    self.__array_interface__ = {
+                        "data": (self.data or _EMPTY_DATA, (self.flags & 1) != 0),
+                        "shape": shape,
+                        "typestr": info[0],
+                        "version": 3,
+                    }
+                else:
+                    self.__array_interface__ = {
+                        "data": (self.data or _EMPTY_DATA, (self.flags & 1) != 0),
+                        "shape": shape,
+                        "strides": tuple([n * info[1] for n in strides]),
+                        "typestr": info[0],
+                        "version": 3,
+                    }
+        else:
             info = _VIEW_INFO[self.dtype]
         target = info[2]
         arr: np.ndarray[Any, Any] = _asarray(self)
