@@ -23,9 +23,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from cuda_fake import FakeCudaRuntime
 
 import dlpack_ctypes
 from dlpack_ctypes import abi
+from pb_tensor import cuda
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dlpack_ctypes.__file__)))
 
@@ -323,13 +325,20 @@ def make_capsule() -> Iterator[CapsuleFactory]:
 
 
 def run_python_code(
-    code: str, *args: str, timeout: float = 60, dev_mode: bool = True
+    code: str,
+    *args: str,
+    timeout: float = 60,
+    dev_mode: bool = True,
+    warnings_as_errors: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter (``-X dev -W error``) with the repository importable."""
+    """Run ``code`` in a fresh interpreter (``-X dev -W error`` by default) with the repository
+    and this folder (``cuda_fake``, ``conftest`` helpers) importable."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [REPO_ROOT, os.path.join(REPO_ROOT, "tests"), env.get("PYTHONPATH")])
+    )
     env.pop("PYTHONWARNINGS", None)
-    flags = ["-X", "dev", "-W", "error"] if dev_mode else ["-W", "error"]
+    flags = (["-X", "dev"] if dev_mode else []) + (["-W", "error"] if warnings_as_errors else [])
     return subprocess.run(
         [sys.executable, *flags, "-c", textwrap.dedent(code), *args],
         capture_output=True,
@@ -349,3 +358,21 @@ def run_python() -> Callable[..., subprocess.CompletedProcess[str]]:
 
 # ================================================================================================
 # pb_tensor fixtures go below this line, in their own section.
+
+
+# ================================================================================================
+# 4. CUDA: the recording fake runtime
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCudaRuntime]:
+    """Two fake GPUs installed as the CUDA runtime: device 0 current, the availability probe
+    done and the call record cleared."""
+    runtime = FakeCudaRuntime(devices=2)
+    previous = cuda.set_runtime(runtime)
+    try:
+        assert cuda.is_available()
+        runtime.take()
+        yield runtime
+    finally:
+        cuda.set_runtime(previous)

@@ -7,51 +7,23 @@ import gc
 import importlib.util
 import os
 import subprocess
-import sys
-import textwrap
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_python_code
 from cuda_fake import CudaStream, FakeCudaRuntime, entry_points
 
 from pb_tensor import cuda
 from pb_tensor.errors import TritonModelException
 
-ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
 HAS_CUDA_PYTHON = importlib.util.find_spec("cuda") is not None and (
     importlib.util.find_spec("cuda.bindings") is not None
 )
 
 
 def run_python(code: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeCudaRuntime]:
-    """A two-GPU fake, installed, with the one-time availability probe already done."""
-    runtime = FakeCudaRuntime(devices=2)
-    previous = cuda.set_runtime(runtime)
-    try:
-        assert cuda.is_available()
-        runtime.take()
-        yield runtime
-    finally:
-        cuda.set_runtime(previous)
+    return run_python_code(code, timeout=120, dev_mode=False, warnings_as_errors=False)
 
 
 # ---------------------------------------------------------------------------------------------

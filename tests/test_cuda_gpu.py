@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import gc
 import importlib
-import os
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_python_code
 
 from pb_tensor import cuda
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 
 
@@ -57,17 +54,7 @@ def free_device_memory() -> int:
 
 
 def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=300,
-        check=False,
-    )
+    return run_python_code(code, *args, timeout=300, dev_mode=False, warnings_as_errors=False)
 
 
 def test_device_count() -> None:

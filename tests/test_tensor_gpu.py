@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import gc
 import importlib
-import os
 import subprocess
-import sys
-import textwrap
 import warnings
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from conftest import run_python_code
 
 import dlpack_ctypes as dl
 from pb_tensor import Tensor, cuda
@@ -36,7 +33,6 @@ pytestmark = [
     pytest.mark.skipif(not cuda.is_available(), reason=cuda.unavailable_reason() or "no GPU"),
 ]
 
-ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 
 
@@ -102,17 +98,7 @@ def pb_host_bytes(tensor: Tensor) -> bytes:
 
 
 def run_python(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
+    return run_python_code(code, *args, timeout=120, dev_mode=False, warnings_as_errors=False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,19 +37,6 @@ FP32 = dl.DataType(2, 32, 1)
 DEVICE_TO_HOST = int(cuda.MemcpyKind.DEVICE_TO_HOST)
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeCudaRuntime]:
-    """Two fake GPUs, device 0 current, the availability probe done and the record cleared."""
-    runtime = FakeCudaRuntime(devices=2)
-    previous = cuda.set_runtime(runtime)
-    try:
-        assert cuda.is_available()
-        runtime.take()
-        yield runtime
-    finally:
-        cuda.set_runtime(previous)
-
-
 def upload(
     fake: FakeCudaRuntime, host: np.ndarray[Any, Any], *, device: int = 1, offset: int = 0
 ) -> int:
