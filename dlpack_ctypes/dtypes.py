@@ -8,7 +8,6 @@ mapped to its dtypes (``ml_dtypes.bfloat16``, ``ml_dtypes.float8_e4m3fn`` ...).
 from __future__ import annotations
 
 import functools
-import sys
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -17,7 +16,6 @@ from dlpack_ctypes.abi import DLDataTypeCode
 
 __all__ = ["DataType", "from_numpy_dtype", "to_numpy_dtype"]
 
-_LITTLE = sys.byteorder == "little"
 
 
 class DataType(NamedTuple):
