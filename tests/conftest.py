@@ -376,3 +376,35 @@ def fake() -> Iterator[FakeCudaRuntime]:
         yield runtime
     finally:
         cuda.set_runtime(previous)
+
+
+@pytest.fixture
+def real_cuda() -> Iterator[None]:
+    """The cuda-python runtime (whatever a previous test installed), or a skip: the GPU test
+    modules use it for every test."""
+    previous = cuda.set_runtime(None)
+    try:
+        if not cuda.is_available():
+            pytest.skip(cuda.unavailable_reason() or "no CUDA device")
+        yield
+    finally:
+        cuda.set_runtime(previous)
+
+
+# ================================================================================================
+# 5. Producers
+
+
+class ToDlpack:
+    """A producer whose ``__dlpack__`` is ``dlpack_ctypes.to_dlpack`` (all kwargs forwarded)."""
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self.array = array
+        self.calls: list[dict[str, Any]] = []
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        return dlpack_ctypes.to_dlpack(self.array, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)

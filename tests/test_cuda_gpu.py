@@ -6,7 +6,6 @@ import gc
 import importlib
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,21 +14,9 @@ from conftest import run_python_code
 
 from pb_tensor import cuda
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("real_cuda")]
 
 MIB = 1 << 20
-
-
-@pytest.fixture(autouse=True)
-def real_cuda() -> Iterator[None]:
-    """The cuda-python runtime (whatever a previous test installed), or a skip."""
-    previous = cuda.set_runtime(None)
-    try:
-        if not cuda.is_available():
-            pytest.skip(cuda.unavailable_reason() or "no CUDA device")
-        yield
-    finally:
-        cuda.set_runtime(previous)
 
 
 class Stream:

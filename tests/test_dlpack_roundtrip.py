@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import ToDlpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -88,21 +89,6 @@ def assert_same_view(got: np.ndarray[Any, Any], src: np.ndarray[Any, Any]) -> No
         for n, gs, ss in zip(src.shape, got.strides, src.strides):
             if n > 1:
                 assert gs == ss
-
-
-class ToDlpack:
-    """A producer whose ``__dlpack__`` is ``dlpack_ctypes.to_dlpack`` (all kwargs forwarded)."""
-
-    def __init__(self, array: np.ndarray[Any, Any]) -> None:
-        self.array = array
-        self.calls: list[dict[str, Any]] = []
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        self.calls.append(kwargs)
-        return dl.to_dlpack(self.array, **kwargs)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)
 
 
 class LegacyOnly:

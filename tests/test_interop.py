@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import ToDlpack
 
 import dlpack_ctypes as dl
 from dlpack_ctypes import DataType, DLDeviceType
@@ -41,21 +42,6 @@ def aligned(shape: tuple[int, ...], dtype: Any = np.float32, align: int = 64) ->
     out = buf[start : start + nbytes].view(dt).reshape(shape)
     assert data_ptr(out) % align == 0
     return out
-
-
-class ToDlpack:
-    """A producer whose ``__dlpack__`` is ``dlpack_ctypes.to_dlpack``."""
-
-    def __init__(self, array: np.ndarray[Any, Any]) -> None:
-        self.array = array
-        self.calls: list[dict[str, Any]] = []
-
-    def __dlpack__(self, **kwargs: Any) -> Any:
-        self.calls.append(kwargs)
-        return dl.to_dlpack(self.array, **kwargs)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)
 
 
 # ------------------------------------------------------------------------------------------------

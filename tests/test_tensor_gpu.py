@@ -15,7 +15,6 @@ import importlib
 import subprocess
 import warnings
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ from pb_tensor.shm import SharedMemoryPool, load_record
 # Skipped by mark rather than in a fixture: no per-test setup/teardown cost on CPU machines.
 pytestmark = [
     pytest.mark.gpu,
+    pytest.mark.usefixtures("real_cuda"),
     pytest.mark.skipif(not cuda.is_available(), reason=cuda.unavailable_reason() or "no GPU"),
 ]
 
@@ -48,18 +48,6 @@ def _optional(name: str) -> Any:
 
 torch: Any = _optional("torch")
 cupy: Any = _optional("cupy")
-
-
-@pytest.fixture(autouse=True)
-def real_cuda() -> Iterator[None]:
-    """The cuda-python runtime (whatever a previous test installed), or a skip."""
-    previous = cuda.set_runtime(None)
-    try:
-        if not cuda.is_available():
-            pytest.skip(cuda.unavailable_reason() or "no CUDA device")
-        yield
-    finally:
-        cuda.set_runtime(previous)
 
 
 def need_torch() -> Any:
@@ -217,20 +205,8 @@ def test_torch_empty_tensor() -> None:
 # ---------------------------------------------------------------------------------------------
 # CuPy: every dtype, both directions
 
-CUPY_DTYPES = {
-    "bool": TritonDtype.TYPE_BOOL,
-    "uint8": TritonDtype.TYPE_UINT8,
-    "uint16": TritonDtype.TYPE_UINT16,
-    "uint32": TritonDtype.TYPE_UINT32,
-    "uint64": TritonDtype.TYPE_UINT64,
-    "int8": TritonDtype.TYPE_INT8,
-    "int16": TritonDtype.TYPE_INT16,
-    "int32": TritonDtype.TYPE_INT32,
-    "int64": TritonDtype.TYPE_INT64,
-    "float16": TritonDtype.TYPE_FP16,
-    "float32": TritonDtype.TYPE_FP32,
-    "float64": TritonDtype.TYPE_FP64,
-}
+# CuPy has no bfloat16.
+CUPY_DTYPES = {k: v for k, v in TORCH_DTYPES.items() if k != "bfloat16"}
 
 
 def cupy_legacy(call: Any, *args: Any) -> Any:
