@@ -495,9 +495,9 @@ class Tensor:
             TritonModelException: the pool cannot grow enough, or GPU memory without CUDA
                 (or memory CUDA cannot export, such as another process's mapping).
         """
-        from pb_tensor import _tensor_shm
+        from pb_tensor.shm._tensors import save_tensor
 
-        return _tensor_shm.save(self, pool)
+        return save_tensor(self, pool)
 
     @staticmethod
     def load_from_shared_memory(pool: SharedMemoryPool, handle: int) -> Tensor:
@@ -512,9 +512,9 @@ class Tensor:
             TritonModelException: a bad handle or a corrupted record (naming the field); a GPU
                 record without CUDA, or whose IPC handle cannot be opened.
         """
-        from pb_tensor import _tensor_shm
+        from pb_tensor.shm._tensors import load_tensor
 
-        return _tensor_shm.load(pool, handle)
+        return load_tensor(pool, handle, _blank)
 
 
 _new_tensor: Final = object.__new__
@@ -542,6 +542,13 @@ def _fill(
     t._serialized = serialized
     t._shm = None
     return t
+
+
+def _blank(
+    name: str, dtype: TritonDtype, dims: tuple[int, ...], memory_type: MemoryType, memory_id: int
+) -> Tensor:
+    """A tensor with metadata and no data yet (the shared-memory loader fills it in)."""
+    return _fill(_new_tensor(Tensor), name, dtype, dims, memory_type, memory_id, None, None, None)
 
 
 def _raw_host(t: Tensor) -> np.ndarray[Any, Any]:

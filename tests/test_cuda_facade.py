@@ -109,7 +109,7 @@ def test_cuda_python_without_driver_or_device() -> None:
 
 @pytest.mark.skipif(not HAS_CUDA_PYTHON, reason="cuda-python is not installed")
 def test_default_runtime_converts_cuda_python_results() -> None:
-    from pb_tensor._cuda_runtime import _CudaPythonRuntime
+    from pb_tensor.cuda._runtime import _CudaPythonRuntime
 
     runtime = _CudaPythonRuntime()
     err, name = runtime.cudaGetErrorName(35)

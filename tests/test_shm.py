@@ -22,7 +22,6 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from pb_tensor import _shm_heap as heap
 from pb_tensor import shm
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import (
@@ -34,6 +33,7 @@ from pb_tensor.shm import (
     release,
     save_record,
 )
+from pb_tensor.shm import _heap as heap
 
 # numpy dtype -> TRITONSERVER_DataType
 TRITON_DTYPES = {

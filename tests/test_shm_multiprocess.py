@@ -301,7 +301,7 @@ def test_four_processes_concurrently(name: str) -> None:
 # ----------------------------------------------------------------------- crash recovery
 _DIE_HOLDING_LOCK = """
     import os, sys, time
-    from pb_tensor import _shm_heap as heap
+    from pb_tensor.shm import _heap as heap
     from pb_tensor.shm import SharedMemoryPool
     pool = SharedMemoryPool.attach(sys.argv[1])
     m = pool._acquire()

@@ -19,10 +19,11 @@ from cuda_fake import FakeCudaRuntime
 
 import dlpack_ctypes as dl
 from dlpack_ctypes import DLDeviceType
-from pb_tensor import _tensor_shm, cuda
+from pb_tensor import cuda
 from pb_tensor.dtypes import MemoryType, TritonDtype
 from pb_tensor.errors import TritonBufferError, TritonModelException
 from pb_tensor.shm import SharedMemoryPool, load_record, save_record
+from pb_tensor.shm import _tensors as _tensor_shm
 from pb_tensor.tensor import Tensor
 
 GPU_NUMPY = "Tensor is stored in GPU and cannot be converted to NumPy."

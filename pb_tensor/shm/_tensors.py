@@ -1,11 +1,14 @@
 """``Tensor.save_to_shared_memory`` / ``Tensor.load_from_shared_memory`` on top of
-:mod:`pb_tensor.shm` (records of primitives) and :mod:`pb_tensor.cuda` (IPC for GPU data)."""
+:mod:`pb_tensor.shm` (records of primitives) and :mod:`pb_tensor.cuda` (IPC for GPU data).
+
+Private to ``pb_tensor``: :mod:`pb_tensor.tensor` calls these with the tensor (and, to load, a
+factory of blank tensors), so this module never imports the Tensor class at run time."""
 
 from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -13,9 +16,13 @@ import dlpack_ctypes as dl
 from pb_tensor import bytes_codec, shm
 from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_dlpack
 from pb_tensor.errors import TritonModelException
-from pb_tensor.tensor import Tensor, _fill, _new_tensor
 
-__all__ = ["load", "save"]
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pb_tensor.tensor import Tensor
+
+__all__ = ["load_tensor", "save_tensor"]
 
 # GPU tensors this process saved, by (pid, IPC handle, offset). CUDA cannot open an IPC handle
 # in the process that made it, so a load here reuses the saving tensor's memory instead.
@@ -32,7 +39,7 @@ def _wrap(owner: object, data: int, dims: tuple[int, ...], dtype: TritonDtype,
     return dl.from_dlpack(exporter)
 
 
-def save(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
+def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
     """Copy ``tensor`` into ``pool`` (once) and point the tensor at the pool's copy."""
     state = tensor._shm
     if state is not None and state[0] is pool:
@@ -151,8 +158,14 @@ def _view(record: shm.TensorRecord, dtype: TritonDtype, dims: tuple[int, ...]) -
     return record.payload.view(numpy_dtype_of(dtype)).reshape(dims)
 
 
-def load(pool: shm.SharedMemoryPool, handle: int) -> Tensor:
-    """A Tensor viewing the record at ``handle``; GPU records open the CUDA IPC handle."""
+def load_tensor(
+    pool: shm.SharedMemoryPool,
+    handle: int,
+    blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
+) -> Tensor:
+    """A Tensor viewing the record at ``handle``; GPU records open the CUDA IPC handle.
+
+    ``blank(name, dtype, dims, memory_type, memory_type_id)`` makes a tensor with no data yet."""
     record = shm.load_record(pool, handle)
     try:
         dtype = TritonDtype(record.dtype)
@@ -162,8 +175,7 @@ def load(pool: shm.SharedMemoryPool, handle: int) -> Tensor:
             f"Corrupted tensor record at shared memory handle {handle}: "
             f"dtype {record.dtype} / memory_type {record.memory_type} unknown"
         ) from None
-    tensor = _fill(_new_tensor(Tensor), record.name, dtype, record.dims, memory_type,
-                   record.memory_type_id, None, None, None)
+    tensor = blank(record.name, dtype, record.dims, memory_type, record.memory_type_id)
     if memory_type == MemoryType.GPU:
         tensor._dl = _open_gpu(record, dtype)
         tensor._shm = (pool, handle, record)

@@ -11,13 +11,13 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, cast
 
-from pb_tensor._cuda_backend import DeviceScope, _Backend, _error, _require
-from pb_tensor._cuda_runtime import (
+from pb_tensor.cuda._backend import Backend, DeviceScope, cuda_error, require_backend
+from pb_tensor.cuda._runtime import (
     _CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
     _IPC_LAZY_ENABLE_PEER_ACCESS,
     _MEMORY_TYPE_UNREGISTERED,
-    _SUCCESS,
     IPC_HANDLE_SIZE,
+    SUCCESS,
     CudaError,
     MemcpyKind,
 )
@@ -44,17 +44,17 @@ def pointer_device(ptr: int) -> int | None:
     """
     if ptr == 0:
         return None
-    backend = _require()
+    backend = require_backend()
     err, memory_type, device = backend.runtime.cudaPointerGetAttributes(ptr)
-    if err != _SUCCESS:
-        raise _error(backend, err, "Failed to get the CUDA pointer device attribute. error:")
+    if err != SUCCESS:
+        raise cuda_error(backend, err, "Failed to get the CUDA pointer device attribute. error:")
     return None if memory_type == _MEMORY_TYPE_UNREGISTERED else device
 
 
-def _range_start(backend: _Backend, ptr: int) -> int:
+def _range_start(backend: Backend, ptr: int) -> int:
     err, base = backend.runtime.cuPointerGetAttribute(_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr)
-    if err != _SUCCESS:
-        raise _error(
+    if err != SUCCESS:
+        raise cuda_error(
             backend, err, "Failed to get the CUDA pointer range start address. error:", driver=True
         )
     if not 0 < base <= ptr:
@@ -73,7 +73,7 @@ def allocation_offset(ptr: int, nbytes: int, *, device: int) -> int:
     """
     if ptr == 0 or nbytes == 0:
         return 0
-    backend = _require()
+    backend = require_backend()
     with DeviceScope._on(backend, device):
         return ptr - _range_start(backend, ptr)
 
@@ -84,18 +84,20 @@ def _check_size(nbytes: int) -> None:
 
 
 def _memcpy(
-    backend: _Backend, dst: int, src: int, nbytes: int, kind: MemcpyKind, device: int
+    backend: Backend, dst: int, src: int, nbytes: int, kind: MemcpyKind, device: int
 ) -> None:
     with DeviceScope._on(backend, device):
         (err,) = backend.runtime.cudaMemcpy(dst, src, nbytes, int(kind))
-        if err != _SUCCESS:
-            raise _error(backend, err, "failed to copy data:")
+        if err != SUCCESS:
+            raise cuda_error(backend, err, "failed to copy data:")
         if kind in (MemcpyKind.DEVICE_TO_DEVICE, MemcpyKind.DEFAULT):
             # cudaMemcpy may return before a device-to-device copy ran (python_backend syncs
             # the default stream here too).
             (err,) = backend.runtime.cudaStreamSynchronize(0)
-            if err != _SUCCESS:
-                raise _error(backend, err, f"Failed to synchronize CUDA device with id {device}:")
+            if err != SUCCESS:
+                raise cuda_error(
+                    backend, err, f"Failed to synchronize CUDA device with id {device}:"
+                )
 
 
 def memcpy(dst: int, src: int, nbytes: int, kind: MemcpyKind, *, device: int) -> None:
@@ -111,7 +113,7 @@ def memcpy(dst: int, src: int, nbytes: int, kind: MemcpyKind, *, device: int) ->
     _check_size(nbytes)
     kind = MemcpyKind(kind)
     if nbytes:
-        _memcpy(_require(), dst, src, nbytes, kind, device)
+        _memcpy(require_backend(), dst, src, nbytes, kind, device)
 
 
 def copy_device_to_host(dst: object, src: int, *, device: int) -> None:
@@ -135,7 +137,7 @@ def copy_device_to_host(dst: object, src: int, *, device: int) -> None:
             target = (ctypes.c_char * flat.nbytes).from_buffer(flat)
             try:
                 _memcpy(
-                    _require(),
+                    require_backend(),
                     ctypes.addressof(target),
                     src,
                     flat.nbytes,
@@ -146,11 +148,11 @@ def copy_device_to_host(dst: object, src: int, *, device: int) -> None:
                 del target  # releases the buffer export so the views can close
 
 
-def _malloc(backend: _Backend, nbytes: int, device: int) -> int:
+def _malloc(backend: Backend, nbytes: int, device: int) -> int:
     with DeviceScope._on(backend, device):
         err, ptr = backend.runtime.cudaMalloc(nbytes)
-        if err != _SUCCESS:
-            raise _error(
+        if err != SUCCESS:
+            raise cuda_error(
                 backend,
                 err,
                 f"Failed to allocate {nbytes} bytes of CUDA memory on device {device}. error:",
@@ -158,11 +160,11 @@ def _malloc(backend: _Backend, nbytes: int, device: int) -> int:
     return ptr
 
 
-def _free(backend: _Backend, ptr: int, device: int) -> None:
+def _free(backend: Backend, ptr: int, device: int) -> None:
     with DeviceScope._on(backend, device):
         (err,) = backend.runtime.cudaFree(ptr)
-        if err != _SUCCESS:
-            raise _error(backend, err, "Failed to free CUDA memory. error:")
+        if err != SUCCESS:
+            raise cuda_error(backend, err, "Failed to free CUDA memory. error:")
 
 
 def malloc(nbytes: int, *, device: int) -> int:
@@ -175,7 +177,7 @@ def malloc(nbytes: int, *, device: int) -> int:
         CudaError: ``cudaMalloc`` failed.
     """
     _check_size(nbytes)
-    return _malloc(_require(), nbytes, device) if nbytes else 0
+    return _malloc(require_backend(), nbytes, device) if nbytes else 0
 
 
 def free(ptr: int, *, device: int) -> None:
@@ -186,10 +188,10 @@ def free(ptr: int, *, device: int) -> None:
         CudaError: ``cudaFree`` failed.
     """
     if ptr:
-        _free(_require(), ptr, device)
+        _free(require_backend(), ptr, device)
 
 
-def _free_quietly(backend: _Backend, ptr: int, device: int) -> None:
+def _free_quietly(backend: Backend, ptr: int, device: int) -> None:
     # Runs from garbage collection or at exit, where raising helps nobody.
     try:
         _free(backend, ptr, device)
@@ -214,10 +216,10 @@ class DeviceBuffer:
         self.nbytes = nbytes
         self.device = device
         self.ptr = 0
-        self._backend: _Backend | None = None
+        self._backend: Backend | None = None
         self._finalizer: weakref.finalize[..., DeviceBuffer] | None = None
         if nbytes:
-            backend = self._backend = _require()
+            backend = self._backend = require_backend()
             self.ptr = _malloc(backend, nbytes, device)
             self._finalizer = weakref.finalize(self, _free_quietly, backend, self.ptr, device)
 
@@ -260,7 +262,7 @@ def device_copy(src: int, nbytes: int, *, device: int) -> DeviceBuffer:
     buffer = DeviceBuffer(nbytes, device=device)
     if nbytes:
         try:
-            _memcpy(_require(), buffer.ptr, src, nbytes, MemcpyKind.DEVICE_TO_DEVICE, device)
+            _memcpy(require_backend(), buffer.ptr, src, nbytes, MemcpyKind.DEVICE_TO_DEVICE, device)
         except BaseException:
             buffer.free()
             raise
@@ -278,10 +280,10 @@ def _handle_bytes(handle: bytes | bytearray | memoryview) -> bytes:
     return data
 
 
-def _get_handle(backend: _Backend, ptr: int) -> bytes:
+def _get_handle(backend: Backend, ptr: int) -> bytes:
     err, handle = backend.runtime.cudaIpcGetMemHandle(ptr)
-    if err != _SUCCESS:
-        raise _error(backend, err, "Failed to get the cudaIpcHandle. error:")
+    if err != SUCCESS:
+        raise cuda_error(backend, err, "Failed to get the cudaIpcHandle. error:")
     return _handle_bytes(handle)
 
 
@@ -295,7 +297,7 @@ def ipc_get_mem_handle(ptr: int, *, device: int) -> bytes:
     """
     if ptr == 0:
         raise ValueError("cannot get a CUDA IPC handle for a NULL pointer")
-    backend = _require()
+    backend = require_backend()
     with DeviceScope._on(backend, device):
         return _get_handle(backend, ptr)
 
@@ -311,11 +313,11 @@ def ipc_open_mem_handle(handle: bytes | bytearray | memoryview, *, device: int) 
         CudaError: "Failed to open the cudaIpcHandle. error: <name>: <string>".
     """
     data = _handle_bytes(handle)
-    backend = _require()
+    backend = require_backend()
     with DeviceScope._on(backend, device):
         err, base = backend.runtime.cudaIpcOpenMemHandle(data, _IPC_LAZY_ENABLE_PEER_ACCESS)
-        if err != _SUCCESS:
-            raise _error(backend, err, "Failed to open the cudaIpcHandle. error:")
+        if err != SUCCESS:
+            raise cuda_error(backend, err, "Failed to open the cudaIpcHandle. error:")
     return base
 
 
@@ -328,11 +330,11 @@ def ipc_close_mem_handle(base: int, *, device: int) -> None:
     """
     if base == 0:
         return
-    backend = _require()
+    backend = require_backend()
     with DeviceScope._on(backend, device):
         (err,) = backend.runtime.cudaIpcCloseMemHandle(base)
-        if err != _SUCCESS:
-            raise _error(backend, err, "Failed to close the cudaIpcHandle. error:")
+        if err != SUCCESS:
+            raise cuda_error(backend, err, "Failed to close the cudaIpcHandle. error:")
 
 
 def ipc_export(ptr: int, nbytes: int, *, device: int) -> tuple[bytes, int]:
@@ -346,13 +348,13 @@ def ipc_export(ptr: int, nbytes: int, *, device: int) -> tuple[bytes, int]:
     """
     if ptr == 0 or nbytes == 0:
         return bytes(IPC_HANDLE_SIZE), 0
-    backend = _require()
+    backend = require_backend()
     with DeviceScope._on(backend, device):
         base = _range_start(backend, ptr)
         return _get_handle(backend, base), ptr - base
 
 
-def _close_quietly(backend: _Backend, base: int, device: int) -> None:
+def _close_quietly(backend: Backend, base: int, device: int) -> None:
     # Runs from garbage collection or at exit, where raising helps nobody. The mapping is
     # closed through the runtime that opened it, even if another one was installed since.
     err = -1
@@ -361,7 +363,7 @@ def _close_quietly(backend: _Backend, base: int, device: int) -> None:
             (err,) = backend.runtime.cudaIpcCloseMemHandle(base)
     except Exception:
         err = -1
-    if err != _SUCCESS:
+    if err != SUCCESS:
         _log.debug("Failed to close the cudaIpcHandle at %#x on device %d", base, device)
 
 
@@ -375,7 +377,7 @@ class IpcMapping:
 
     __slots__ = ("__weakref__", "_backend", "_finalizer", "base", "device", "nbytes", "ptr")
 
-    def __init__(self, base: int, offset: int, nbytes: int, device: int, backend: _Backend | None):
+    def __init__(self, base: int, offset: int, nbytes: int, device: int, backend: Backend | None):
         self._backend = backend
         self.base = base
         self.ptr = base + offset if base else 0
@@ -405,8 +407,8 @@ class IpcMapping:
         backend = self._backend
         with DeviceScope._on(backend, self.device):
             (err,) = backend.runtime.cudaIpcCloseMemHandle(self.base)
-            if err != _SUCCESS:
-                raise _error(backend, err, "Failed to close the cudaIpcHandle. error:")
+            if err != SUCCESS:
+                raise cuda_error(backend, err, "Failed to close the cudaIpcHandle. error:")
 
     def __enter__(self) -> IpcMapping:
         return self
@@ -442,11 +444,11 @@ def ipc_import(
     data = _handle_bytes(handle)
     if nbytes == 0:
         return IpcMapping(0, 0, 0, device, None)
-    backend = _require()
+    backend = require_backend()
     with DeviceScope._on(backend, device):
         err, base = backend.runtime.cudaIpcOpenMemHandle(data, _IPC_LAZY_ENABLE_PEER_ACCESS)
-        if err != _SUCCESS:
-            raise _error(backend, err, "Failed to open the cudaIpcHandle. error:")
+        if err != SUCCESS:
+            raise cuda_error(backend, err, "Failed to open the cudaIpcHandle. error:")
     return IpcMapping(base, offset, nbytes, device, backend)
 
 

@@ -1,7 +1,7 @@
 """The shared-memory pool behind :mod:`pb_tensor.shm` (private; import from ``pb_tensor.shm``).
 
 One POSIX shared-memory object (a file under ``/dev/shm``) holds a heap (layout and allocator
-in :mod:`pb_tensor._shm_heap`). Every process maps the whole file and addresses allocations by
+in :mod:`pb_tensor.shm._heap`). Every process maps the whole file and addresses allocations by
 byte offset (the *handle*), which means the same in every process whatever address its mapping
 got: Triton's design (``SharedMemoryManager``) with a Python-side allocator and lock.
 
@@ -38,9 +38,10 @@ from typing import Any, Final, cast
 import numpy as np
 import numpy.typing as npt
 
-from pb_tensor import _shm_heap as heap
-from pb_tensor._shm_heap import PoolStats
-from pb_tensor._shm_segment import (
+from pb_tensor.errors import TritonModelException
+from pb_tensor.shm import _heap as heap
+from pb_tensor.shm._heap import PoolStats
+from pb_tensor.shm._segment import (
     PAGE,
     SHM_DIR,
     Mapping,
@@ -52,7 +53,6 @@ from pb_tensor._shm_segment import (
     reopen,
     round_up,
 )
-from pb_tensor.errors import TritonModelException
 
 __all__ = [
     "DEFAULT_GROWTH",

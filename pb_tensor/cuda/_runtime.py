@@ -17,7 +17,7 @@ from pb_tensor.errors import TritonModelException
 #: Size of a ``cudaIpcMemHandle_t`` in bytes.
 IPC_HANDLE_SIZE: Final = 64
 
-_SUCCESS: Final = 0
+SUCCESS: Final = 0
 # cudaIpcMemLazyEnablePeerAccess and CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: fixed by the CUDA
 # headers; kept here so the facade (and fakes) need no cuda-python to name them.
 _IPC_LAZY_ENABLE_PEER_ACCESS: Final = 1
@@ -209,7 +209,7 @@ class _CudaPythonRuntime:
     def _driver_init(self) -> int:
         """Load libcuda and ``cuInit`` once; raise CudaUnavailableError when it cannot load."""
         if self._driver_ready:
-            return _SUCCESS
+            return SUCCESS
         try:
             from cuda.bindings import driver
 
@@ -219,7 +219,7 @@ class _CudaPythonRuntime:
             raise CudaUnavailableError(
                 f"CUDA is not available: the CUDA driver library cannot be loaded: {exc}"
             ) from exc
-        self._driver_ready = int(err) == _SUCCESS
+        self._driver_ready = int(err) == SUCCESS
         return int(err)
 
     def cuGetErrorName(self, error: int) -> tuple[int, bytes]:
@@ -242,19 +242,19 @@ class _CudaPythonRuntime:
 
     def cuDevicePrimaryCtxGetState(self, device: int) -> tuple[int, int, int]:
         err = self._driver_init()
-        if err != _SUCCESS:
+        if err != SUCCESS:
             return err, 0, 0
         from cuda.bindings import driver
 
         err_get, handle = driver.cuDeviceGet(device)
-        if int(err_get) != _SUCCESS or handle is None:
+        if int(err_get) != SUCCESS or handle is None:
             return int(err_get), 0, 0
         err_state, flags, active = driver.cuDevicePrimaryCtxGetState(handle)
         return int(err_state), _int(flags), _int(active)
 
     def cuPointerGetAttribute(self, attribute: int, ptr: int) -> tuple[int, int]:
         err = self._driver_init()
-        if err != _SUCCESS:
+        if err != SUCCESS:
             return err, 0
         from cuda.bindings import driver
 

@@ -10,9 +10,9 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from pb_tensor._cuda_runtime import (
+from pb_tensor.cuda._runtime import (
     _NOT_INSTALLED,
-    _SUCCESS,
+    SUCCESS,
     CudaError,
     CudaRuntime,
     CudaUnavailableError,
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # Backend state: a runtime plus what the facade caches for it.
 
 
-class _Backend:
+class Backend:
     __slots__ = (
         "__weakref__",
         "atexit_registered",
@@ -57,8 +57,8 @@ class _Backend:
 
 
 _lock = threading.Lock()
-_custom: _Backend | None = None  # installed by set_runtime
-_default: _Backend | None = None  # cuda-python, created on first use
+_custom: Backend | None = None  # installed by set_runtime
+_default: Backend | None = None  # cuda-python, created on first use
 _default_failure: str | None = None  # why cuda-python could not be imported
 
 
@@ -73,23 +73,23 @@ def set_runtime(runtime: CudaRuntime | None) -> CudaRuntime | None:
     global _custom
     with _lock:
         previous = _custom.runtime if _custom is not None else None
-        _custom = _Backend(runtime) if runtime is not None else None
+        _custom = Backend(runtime) if runtime is not None else None
     return previous
 
 
-def _backend() -> _Backend:
+def active_backend() -> Backend:
     backend = _custom or _default
     if backend is not None:
         return backend
     return _load_default()
 
 
-def _load_default() -> _Backend:
+def _load_default() -> Backend:
     global _default, _default_failure
     with _lock:
         if _default is None and _default_failure is None:
             try:
-                _default = _Backend(_CudaPythonRuntime())
+                _default = Backend(_CudaPythonRuntime())
             except ImportError as exc:
                 _default_failure = f"{_NOT_INSTALLED}: {exc}"
             except Exception as exc:  # a broken install must not crash CPU-only users
@@ -99,7 +99,7 @@ def _load_default() -> _Backend:
         return _default
 
 
-def _describe(backend: _Backend, code: int, *, driver: bool) -> tuple[str, str]:
+def _describe(backend: Backend, code: int, *, driver: bool) -> tuple[str, str]:
     runtime = backend.runtime
     name = text = b""
     try:
@@ -107,22 +107,22 @@ def _describe(backend: _Backend, code: int, *, driver: bool) -> tuple[str, str]:
         text_err, text = (runtime.cuGetErrorString if driver else runtime.cudaGetErrorString)(code)
     except TritonModelException:
         name_err = text_err = 1
-    if name_err != _SUCCESS or not name:
+    if name_err != SUCCESS or not name:
         name = f"{'CUresult' if driver else 'cudaError_t'} {code}".encode()
-    if text_err != _SUCCESS or not text:
+    if text_err != SUCCESS or not text:
         text = b"unknown error"
     return name.decode("utf-8", "replace"), text.decode("utf-8", "replace")
 
 
-def _error(backend: _Backend, code: int, prefix: str, *, driver: bool = False) -> CudaError:
+def cuda_error(backend: Backend, code: int, prefix: str, *, driver: bool = False) -> CudaError:
     """``CudaError("<prefix> <name>: <string>")`` for a failed call's code."""
     name, text = _describe(backend, code, driver=driver)
     return CudaError(f"{prefix} {name}: {text}", code, name)
 
 
-def _probe(backend: _Backend) -> CudaUnavailableError | None:
+def _probe(backend: Backend) -> CudaUnavailableError | None:
     err, count = backend.runtime.cudaGetDeviceCount()
-    if err != _SUCCESS:
+    if err != SUCCESS:
         name, text = _describe(backend, err, driver=False)
         return CudaUnavailableError(
             f"CUDA is not available: no CUDA driver/device: {name}: {text}", err, name
@@ -133,9 +133,9 @@ def _probe(backend: _Backend) -> CudaUnavailableError | None:
     return None
 
 
-def _require() -> _Backend:
+def require_backend() -> Backend:
     """The backend, once CUDA is known to have a device; else raise CudaUnavailableError."""
-    backend = _backend()
+    backend = active_backend()
     if not backend.confirmed:
         failure = _probe(backend)
         if failure is not None:
@@ -151,7 +151,7 @@ def unavailable_reason() -> str | None:
     """Why GPU entry points would raise :class:`CudaUnavailableError`, or None when CUDA has a
     device. Never raises."""
     try:
-        backend = _backend()
+        backend = active_backend()
     except CudaUnavailableError as exc:
         return str(exc)
     failure = None if backend.confirmed else _probe(backend)
@@ -162,11 +162,11 @@ def device_count() -> int:
     """Number of CUDA devices visible to this process; 0 without cuda-python, driver or device.
     Never raises."""
     try:
-        backend = _backend()
+        backend = active_backend()
     except CudaUnavailableError:
         return 0
     err, count = backend.runtime.cudaGetDeviceCount()
-    if err != _SUCCESS or count <= 0:
+    if err != SUCCESS or count <= 0:
         return 0
     backend.confirmed = True
     return count
@@ -181,26 +181,26 @@ def is_available() -> bool:
 # Devices.
 
 
-def _current_device(backend: _Backend) -> int:
+def _current_device(backend: Backend) -> int:
     err, device = backend.runtime.cudaGetDevice()
-    if err != _SUCCESS:
-        raise _error(backend, err, "Failed to get current CUDA device id. error:")
+    if err != SUCCESS:
+        raise cuda_error(backend, err, "Failed to get current CUDA device id. error:")
     return device
 
 
-def _set_device(backend: _Backend, device: int) -> None:
+def _set_device(backend: Backend, device: int) -> None:
     (err,) = backend.runtime.cudaSetDevice(device)
-    if err != _SUCCESS:
-        raise _error(backend, err, f"Failed to set the CUDA device to {device}. error:")
+    if err != SUCCESS:
+        raise cuda_error(backend, err, f"Failed to set the CUDA device to {device}. error:")
 
 
-def _primary_context_active(backend: _Backend, device: int) -> bool:
+def _primary_context_active(backend: Backend, device: int) -> bool:
     try:
         err, _flags, active = backend.runtime.cuDevicePrimaryCtxGetState(device)
     except CudaUnavailableError:
         return True  # cannot tell: restoring is the choice that keeps the caller's device
-    if err != _SUCCESS:
-        raise _error(backend, err, "failed to get primary context state:", driver=True)
+    if err != SUCCESS:
+        raise cuda_error(backend, err, "failed to get primary context state:", driver=True)
     return active != 0
 
 
@@ -211,7 +211,7 @@ def current_device() -> int:
         CudaUnavailableError: no cuda-python, driver or device.
         CudaError: ``cudaGetDevice`` failed ("Failed to get current CUDA device id. ...").
     """
-    return _current_device(_require())
+    return _current_device(require_backend())
 
 
 class DeviceScope:
@@ -229,10 +229,10 @@ class DeviceScope:
         self._device = device
         self._previous = device
         self._switched = False
-        self._backend: _Backend | None = None
+        self._backend: Backend | None = None
 
     @classmethod
-    def _on(cls, backend: _Backend, device: int) -> DeviceScope:
+    def _on(cls, backend: Backend, device: int) -> DeviceScope:
         """A scope bound to ``backend`` rather than to the runtime installed at enter."""
         scope = cls(device)
         scope._backend = backend
@@ -242,8 +242,8 @@ class DeviceScope:
         self._enter()
         return self._previous
 
-    def _enter(self) -> _Backend:
-        backend = self._backend = self._backend or _require()
+    def _enter(self) -> Backend:
+        backend = self._backend = self._backend or require_backend()
         self._previous = _current_device(backend)
         if self._previous != self._device:
             _set_device(backend, self._device)

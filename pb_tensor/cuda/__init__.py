@@ -33,9 +33,9 @@ Choices made here:
 Tests replace the raw layer with :func:`set_runtime`; see :class:`CudaRuntime`.
 
 Layout: this module holds the streams and the DLPack import and re-exports the rest, which lives
-in private modules: ``_cuda_runtime`` (errors, the :class:`CudaRuntime` protocol and the
-cuda-python adapter), ``_cuda_backend`` (installed runtime, probes, device scope) and
-``_cuda_mem`` (pointers, copies, device buffers, IPC).
+in private modules: ``_runtime`` (errors, the :class:`CudaRuntime` protocol and the
+cuda-python adapter), ``_backend`` (installed runtime, probes, device scope) and
+``_mem`` (pointers, copies, device buffers, IPC).
 """
 
 from __future__ import annotations
@@ -46,20 +46,20 @@ import os
 import weakref
 from typing import TYPE_CHECKING, Protocol, TypeAlias
 
-from pb_tensor._cuda_backend import (
+from pb_tensor.cuda._backend import (
+    Backend,
     DeviceScope,
-    _Backend,
-    _backend,
-    _error,
-    _require,
+    active_backend,
+    cuda_error,
     current_device,
     device_count,
     device_scope,
     is_available,
+    require_backend,
     set_runtime,
     unavailable_reason,
 )
-from pb_tensor._cuda_mem import (
+from pb_tensor.cuda._mem import (
     DeviceBuffer,
     IpcMapping,
     allocation_offset,
@@ -75,9 +75,9 @@ from pb_tensor._cuda_mem import (
     memcpy,
     pointer_device,
 )
-from pb_tensor._cuda_runtime import (
-    _SUCCESS,
+from pb_tensor.cuda._runtime import (
     IPC_HANDLE_SIZE,
+    SUCCESS,
     CudaError,
     CudaRuntime,
     CudaUnavailableError,
@@ -180,7 +180,7 @@ def stream_handle(stream: StreamLike) -> int:
     return handle
 
 
-def _proxy_stream_on_current(backend: _Backend, device: int) -> int:
+def _proxy_stream_on_current(backend: Backend, device: int) -> int:
     """The proxy stream of ``device``, which the caller has made current."""
     backend.check_fork()
     stream = backend.streams.get(device)
@@ -190,8 +190,8 @@ def _proxy_stream_on_current(backend: _Backend, device: int) -> int:
         stream = backend.streams.get(device)
         if stream is None:
             err, stream = backend.runtime.cudaStreamCreate()
-            if err != _SUCCESS:
-                raise _error(
+            if err != SUCCESS:
+                raise cuda_error(
                     backend, err, "Failed to create a CUDA stream for a DLPack call. error:"
                 )
             backend.streams[device] = stream
@@ -213,7 +213,7 @@ def proxy_stream(device: int) -> int:
         CudaError: reading/setting the device or creating the stream failed ("Failed to create
             a CUDA stream for a DLPack call. ...").
     """
-    backend = _require()
+    backend = require_backend()
     backend.check_fork()
     stream = backend.streams.get(device)
     if stream is not None:
@@ -222,7 +222,7 @@ def proxy_stream(device: int) -> int:
         return _proxy_stream_on_current(backend, device)
 
 
-def _destroy_streams(backend: _Backend) -> None:
+def _destroy_streams(backend: Backend) -> None:
     with backend.lock:
         streams = list(backend.streams.items())
         backend.streams.clear()
@@ -231,7 +231,7 @@ def _destroy_streams(backend: _Backend) -> None:
             (err,) = backend.runtime.cudaStreamDestroy(stream)
         except Exception:  # shutting down: nothing useful can be done about it
             err = -1
-        if err != _SUCCESS:
+        if err != SUCCESS:
             _log.debug("Failed to destroy dlpack CUDA proxy stream on device with id %d", device)
 
 
@@ -242,14 +242,14 @@ def release_proxy_streams() -> None:
     Raises nothing.
     """
     try:
-        backend = _backend()
+        backend = active_backend()
     except CudaUnavailableError:
         return
     if backend.pid == os.getpid():
         _destroy_streams(backend)
 
 
-def _release_at_exit(ref: weakref.ref[_Backend]) -> None:
+def _release_at_exit(ref: weakref.ref[Backend]) -> None:
     backend = ref()
     if backend is not None and backend.pid == os.getpid():
         _destroy_streams(backend)
@@ -266,16 +266,16 @@ def synchronize(stream: StreamLike, *, device: int | None = None) -> None:
         CudaError: "Failed to synchronize CUDA device with id <device>: <name>: <string>".
     """
     handle = stream_handle(stream)
-    backend = _require()
+    backend = require_backend()
     if device is None:
         (err,) = backend.runtime.cudaStreamSynchronize(handle)
-        if err != _SUCCESS:
-            raise _error(backend, err, f"Failed to synchronize CUDA stream {handle:#x}:")
+        if err != SUCCESS:
+            raise cuda_error(backend, err, f"Failed to synchronize CUDA stream {handle:#x}:")
         return
     with DeviceScope._on(backend, device):
         (err,) = backend.runtime.cudaStreamSynchronize(handle)
-        if err != _SUCCESS:
-            raise _error(backend, err, f"Failed to synchronize CUDA device with id {device}:")
+        if err != SUCCESS:
+            raise cuda_error(backend, err, f"Failed to synchronize CUDA device with id {device}:")
 
 
 class DlpackImport(DeviceScope):
@@ -304,9 +304,9 @@ class DlpackImport(DeviceScope):
     ) -> None:
         if exc_type is None and self._backend is not None:
             (err,) = self._backend.runtime.cudaStreamSynchronize(self._stream)
-            if err != _SUCCESS:
+            if err != SUCCESS:
                 self._restore(quiet=True)
-                raise _error(
+                raise cuda_error(
                     self._backend, err, f"Failed to synchronize CUDA device with id {self._device}:"
                 )
         self._restore(quiet=exc_type is not None)

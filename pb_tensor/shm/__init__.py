@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple, SupportsIndex
 import numpy as np
 import numpy.typing as npt
 
-from pb_tensor._shm_heap import PREFIX, RECORD, PoolStats
-from pb_tensor._shm_pool import DEFAULT_GROWTH, DEFAULT_SIZE, SharedMemoryPool
-from pb_tensor._shm_segment import SHM_DIR, Mapping
 from pb_tensor.errors import TritonModelException
+from pb_tensor.shm._heap import PREFIX, RECORD, PoolStats
+from pb_tensor.shm._pool import DEFAULT_GROWTH, DEFAULT_SIZE, SharedMemoryPool
+from pb_tensor.shm._segment import SHM_DIR, Mapping
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

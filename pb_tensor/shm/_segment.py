@@ -19,8 +19,8 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from pb_tensor import _shm_heap as heap
 from pb_tensor.errors import TritonModelException
+from pb_tensor.shm import _heap as heap
 
 SHM_DIR: Final = "/dev/shm"
 """Where POSIX shared-memory objects live on Linux (``shm_open`` opens files here)."""
