@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 
 import dlpack_ctypes as dl
 
 
-def main() -> int:
-    """Run the exchange; returns the process exit code (0 when every check holds)."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the exchange; returns the process exit code (0 when every check holds).
+
+    argparse exits with status 2 on bad arguments."""
+    parser = argparse.ArgumentParser(
+        prog="python -m dlpack_ctypes",
+        description="Exchange a tensor with numpy in both directions through the pure-Python "
+        "DLPack producer and consumer, and report each check.",
+    )
+    parser.add_argument("--version", action="version", version=f"dlpack_ctypes {dl.__version__}")
+    parser.parse_args(argv)
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     checks: list[tuple[str, bool]] = []
 

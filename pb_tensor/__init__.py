@@ -15,6 +15,8 @@ CUDA support (``pb_tensor.cuda``) is imported only when a GPU tensor needs it, a
 
 from __future__ import annotations
 
+# One distribution, one version: written once, in dlpack_ctypes (the base layer).
+from dlpack_ctypes import __version__
 from pb_tensor.bytes_codec import deserialize_bytes_tensor, serialize_byte_tensor
 from pb_tensor.dtypes import (
     TRITON_STRING_TO_NUMPY,
@@ -34,11 +36,10 @@ __all__ = [
     "TritonBufferError",
     "TritonDtype",
     "TritonModelException",
+    "__version__",
     "deserialize_bytes_tensor",
     "numpy_to_triton_type",
     "serialize_byte_tensor",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
 ]
-
-__version__ = "0.1.0"

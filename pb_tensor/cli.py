@@ -1,9 +1,11 @@
 """The ``pb-tensor`` / ``python -m pb_tensor`` command line: ``demo``, ``bench``, ``doctor``."""
 
+
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import platform
 import sys
 import timeit
@@ -13,6 +15,11 @@ from typing import Any
 import numpy as np
 
 __all__ = ["main"]
+
+_DESCRIPTION = (
+    "Triton python_backend's pb_utils.Tensor in pure Python. "
+    "Without a command, runs the demo."
+)
 
 _OK, _FAIL, _SKIP = "ok", "FAILED", "skipped"
 
@@ -32,11 +39,14 @@ class _Table:
 
     def render(self) -> str:
         head = ("step", "result", "what happened")
-        widths = [max(len(r[i]) for r in [head, *self.rows]) for i in range(2)]
-        rule = "-" * (widths[0] + widths[1] + 40)
-        lines = [self.title, rule, f"{head[0]:<{widths[0]}}  {head[1]:<{widths[1]}}  {head[2]}",
-                 rule]
-        lines += [f"{s:<{widths[0]}}  {r:<{widths[1]}}  {d}" for s, r, d in self.rows]
+        rows = [head, *self.rows]
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        rule = "-" * (sum(widths) + 4)
+        lines = [self.title, rule]
+        for i, (s, r, d) in enumerate(rows):
+            lines.append(f"{s:<{widths[0]}}  {r:<{widths[1]}}  {d}".rstrip())
+            if i == 0:
+                lines.append(rule)
         lines.append(rule)
         return "\n".join(lines)
 
@@ -80,7 +90,7 @@ def _demo_numpy(table: _Table) -> None:
 def _demo_torch(table: _Table) -> None:
     torch = _optional("torch")
     if torch is None:
-        table.add("torch", _SKIP, "torch is not installed: pip install torch")
+        table.add("torch", _SKIP, "torch is not installed (pip install torch).")
         return
     from torch.utils.dlpack import from_dlpack as torch_from_dlpack
 
@@ -106,7 +116,7 @@ def _demo_torch(table: _Table) -> None:
 def _demo_jax(table: _Table) -> None:
     jax = _optional("jax")
     if jax is None:
-        table.add("JAX", _SKIP, "JAX is not installed: pip install jax jaxlib")
+        table.add("JAX", _SKIP, "JAX is not installed (pip install jax).")
         return
     import jax.numpy as jnp
 
@@ -157,11 +167,11 @@ def _demo_errors(table: _Table) -> None:
 def _demo_gpu(table: _Table) -> None:
     from pb_tensor import cuda
 
-    reason = cuda.unavailable_reason()
+    reason = cuda.unavailable_reason(short=True)
     if reason is None:
         table.add("CUDA", _OK, f"{cuda.device_count()} device(s) available")
     else:
-        table.add("CUDA", _SKIP, reason)
+        table.add("CUDA", _SKIP, reason[0].upper() + reason[1:] + ".")
 
 
 def _demo() -> int:
@@ -170,7 +180,8 @@ def _demo() -> int:
         try:
             part(table)
         except Exception as exc:  # a demo row must report, not abort the tour
-            table.add(part.__name__.removeprefix("_demo_"), _FAIL, f"{type(exc).__name__}: {exc}")
+            table.add(part.__name__.removeprefix("_demo_"), _FAIL,
+                      f"raised {type(exc).__name__} (run with python -X dev for details).")
     import dlpack_ctypes
 
     table.check("no leaks", dlpack_ctypes.live_exports() == 0,
@@ -206,30 +217,69 @@ def _bench() -> int:
     return 0
 
 
+# Distributions to report, by what they are imported as (first installed name wins).
+_DISTRIBUTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("numpy", ("numpy",)),
+    ("torch", ("torch",)),
+    ("jax", ("jax",)),
+    ("jaxlib", ("jaxlib",)),
+    ("ml_dtypes", ("ml_dtypes", "ml-dtypes")),
+    ("cupy", ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x")),
+    ("cuda-python", ("cuda-python", "cuda-bindings")),
+)
+
+
+def _installed_version(names: tuple[str, ...]) -> str:
+    # importlib.metadata reads the installed metadata: no framework is imported (torch and JAX
+    # take seconds to import).
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
 def _doctor() -> int:
-    from pb_tensor import cuda
-
-    lines = [f"python        {platform.python_version()} ({sys.implementation.name})",
-             f"numpy         {np.__version__}"]
-    for name in ("torch", "jax", "jaxlib", "ml_dtypes", "cupy"):
-        mod = _optional(name)
-        lines.append(f"{name:<13} {getattr(mod, '__version__', '?') if mod else 'not installed'}")
     import dlpack_ctypes
+    from pb_tensor import __version__, cuda
 
-    paths = dlpack_ctypes.fast_paths()
-    lines.append("fast paths    " + ", ".join(
-        f"{name.replace('_', ' ')}: {'on' if on else 'off'}" for name, on in paths.items()))
+    flavour = "free-threaded" if "t" in getattr(sys, "abiflags", "") else "with the GIL"
+    lines = [
+        f"{'pb-tensor':<13} {__version__}",
+        f"{'python':<13} {platform.python_version()} ({sys.implementation.name}, {flavour})",
+    ]
+    lines += [f"{label:<13} {_installed_version(names)}" for label, names in _DISTRIBUTIONS]
+    for name, on in dlpack_ctypes.fast_paths().items():
+        lines.append(f"{'fast path':<13} {name.replace('_', ' ')}: {'on' if on else 'off'}")
     reason = cuda.unavailable_reason()
-    lines.append(f"CUDA          {'available' if reason is None else reason}")
+    lines.append(f"{'CUDA':<13} {'available' if reason is None else reason}")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
 
+def _parser() -> argparse.ArgumentParser:
+    from pb_tensor import __version__
+
+    parser = argparse.ArgumentParser(prog="pb-tensor", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"pb-tensor {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser("demo", help="a guided tour printed as a table (the default)",
+                        description="A guided tour printed as a table; exit status 1 if a row "
+                                    "failed.")
+    commands.add_parser("bench", help="quick timings of the common calls",
+                        description="Quick timings; the benchmarks/ scripts measure baselines "
+                                    "in the same run.")
+    commands.add_parser("doctor", help="versions, fast paths and CUDA on this machine",
+                        description="Versions, fast paths and CUDA availability on this "
+                                    "machine; imports no framework.")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="pb-tensor", description=__doc__)
-    parser.add_argument("command", nargs="?", default="demo", choices=["demo", "bench", "doctor"],
-                        help="demo: a guided tour (default); bench: quick timings; doctor: "
-                             "what this machine has")
-    args = parser.parse_args(argv)
-    return {"demo": _demo, "bench": _bench, "doctor": _doctor}[args.command]()
+    """Entry point; returns the exit code (argparse exits with 2 on bad arguments)."""
+    args = _parser().parse_args(argv)
+    handlers: dict[str | None, Callable[[], int]] = {
+        None: _demo, "demo": _demo, "bench": _bench, "doctor": _doctor,
+    }
+    return handlers[args.command]()

@@ -29,7 +29,10 @@ import dlpack_ctypes
 from dlpack_ctypes import abi
 from pb_tensor import cuda
 
+# Where the packages under test are imported from (the checkout, or site-packages when the
+# tests run against an installed wheel), and this folder (cuda_fake, conftest helpers).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dlpack_ctypes.__file__)))
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # ================================================================================================
 # 1. dlpack_ctypes leak check
@@ -335,7 +338,7 @@ def run_python_code(
     and this folder (``cuda_fake``, ``conftest`` helpers) importable."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [REPO_ROOT, os.path.join(REPO_ROOT, "tests"), env.get("PYTHONPATH")])
+        filter(None, [REPO_ROOT, TESTS_DIR, env.get("PYTHONPATH")])
     )
     env.pop("PYTHONWARNINGS", None)
     flags = (["-X", "dev"] if dev_mode else []) + (["-W", "error"] if warnings_as_errors else [])

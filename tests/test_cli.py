@@ -106,12 +106,33 @@ def test_doctor() -> None:
         assert name in lines
         if _have(name):
             assert lines[name] != "not installed"
-    assert "numpy data pointer" in lines["fast"]
+    fast = [line.split(None, 2)[2] for line in proc.stdout.splitlines()
+            if line.startswith("fast path")]
+    assert any(line.startswith("numpy data pointer: ") for line in fast), fast
+    import dlpack_ctypes
+
+    assert len(fast) == len(dlpack_ctypes.fast_paths())
+    assert lines["pb-tensor"] == pb_tensor.__version__
     assert "CUDA" in lines
 
 
 def test_doctor_without_torch_and_jax() -> None:
-    proc = _run("doctor", hide=("torch", "jax", "jaxlib", "ml_dtypes"))
+    # doctor reads installed metadata: make torch's and JAX's distributions unknown.
+    code = """
+import importlib.metadata as md, sys
+real = md.version
+def version(name):
+    if name in ("torch", "jax", "jaxlib", "ml_dtypes", "ml-dtypes"):
+        raise md.PackageNotFoundError(name)
+    return real(name)
+md.version = version
+from pb_tensor.cli import main
+sys.exit(main(["doctor"]))
+"""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env, cwd=REPO_ROOT, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.strip())
     for name in ("torch", "jax", "jaxlib", "ml_dtypes"):
@@ -132,3 +153,63 @@ def test_bad_command() -> None:
     proc = _run("frobnicate")
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr
+    assert proc.stderr.startswith("usage: pb-tensor")
+
+
+def test_version() -> None:
+    proc = _run("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"pb-tensor {pb_tensor.__version__}"
+
+
+def test_help_is_plain_text() -> None:
+    proc = _run("--help")
+    assert proc.returncode == 0, proc.stderr
+    for command in ("demo", "bench", "doctor"):
+        assert command in proc.stdout
+    for markup in ("``", ":func:", ":class:", ":mod:"):
+        assert markup not in proc.stdout
+
+
+def test_doctor_imports_no_framework() -> None:
+    code = (
+        "import sys; from pb_tensor.cli import main; main(['doctor']); "
+        "heavy = [m for m in ('torch', 'jax', 'jaxlib', 'cupy', 'ml_dtypes') if m in sys.modules]; "
+        "print('heavy:', heavy)"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env, cwd=REPO_ROOT, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "heavy: []"
+
+
+def test_demo_table_rules_span_every_row() -> None:
+    proc = _run("demo", hide=("torch", "jax", "jaxlib"))
+    lines = proc.stdout.splitlines()
+    rules = [line for line in lines[1:] if set(line) == {"-"}]
+    assert len(rules) == 3
+    widest = max(len(line) for line in lines[1:])
+    assert {len(rule) for rule in rules} == {widest}
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["bogus"]])
+def test_dlpack_ctypes_cli(args: list[str]) -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "dlpack_ctypes", *args], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=env, cwd=REPO_ROOT, check=False)
+    if args == ["bogus"]:
+        assert proc.returncode == 2
+        assert proc.stderr.startswith("usage: python -m dlpack_ctypes")
+        assert proc.stdout == ""  # the demo did not run
+    elif args == ["--version"]:
+        import dlpack_ctypes
+
+        assert proc.returncode == 0
+        assert proc.stdout.strip() == f"dlpack_ctypes {dlpack_ctypes.__version__}"
+    else:
+        assert proc.returncode == 0
+        assert "usage: python -m dlpack_ctypes" in proc.stdout
+        assert "``" not in proc.stdout

@@ -20,6 +20,7 @@ from cuda_fake import FakeCudaRuntime
 import dlpack_ctypes as dl
 from dlpack_ctypes import DLDeviceType
 from pb_tensor import cuda
+from pb_tensor.cuda import _backend as cuda_backend
 from pb_tensor.dtypes import MemoryType, TritonDtype
 from pb_tensor.errors import TritonBufferError, TritonModelException
 from pb_tensor.shm import SharedMemoryPool, load_record, save_record
@@ -623,15 +624,17 @@ def test_without_cuda_python(run_python: Any) -> None:
     ), result.stdout
 
 
-def test_without_driver(fake: FakeCudaRuntime) -> None:
+def test_without_driver(fake: FakeCudaRuntime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_backend, "_driver_present", False)
     cuda.set_runtime(FakeCudaRuntime(no_driver=True))
     producer = FakeGpuProducer(fake, 0x1000, (4,))
     with pytest.raises(TritonModelException) as info:
         Tensor.from_dlpack("x", producer)
     assert isinstance(info.value, cuda.CudaUnavailableError)
     assert str(info.value) == (
-        GPU_UNAVAILABLE + "CUDA is not available: no CUDA driver/device: "
-        "cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"
+        GPU_UNAVAILABLE + "CUDA is not available: no CUDA driver is installed (libcuda.so.1 "
+        "cannot be loaded) (cudaErrorInsufficientDriver: CUDA driver version is insufficient for "
+        "CUDA runtime version)"
     )
     assert info.value.error_name == "cudaErrorInsufficientDriver"
     assert producer.requests == []

@@ -6,9 +6,10 @@ Private: import these names from :mod:`pb_tensor.cuda`.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from pb_tensor.cuda._runtime import (
     _NOT_INSTALLED,
@@ -59,7 +60,7 @@ class Backend:
 _lock = threading.Lock()
 _custom: Backend | None = None  # installed by set_runtime
 _default: Backend | None = None  # cuda-python, created on first use
-_default_failure: str | None = None  # why cuda-python could not be imported
+_default_failure: CudaUnavailableError | None = None  # why cuda-python could not be imported
 
 
 def set_runtime(runtime: CudaRuntime | None) -> CudaRuntime | None:
@@ -91,11 +92,19 @@ def _load_default() -> Backend:
             try:
                 _default = Backend(_CudaPythonRuntime())
             except ImportError as exc:
-                _default_failure = f"{_NOT_INSTALLED}: {exc}"
+                _default_failure = CudaUnavailableError(
+                    f"{_NOT_INSTALLED}: {exc}", cause="cuda-python is not installed"
+                )
             except Exception as exc:  # a broken install must not crash CPU-only users
-                _default_failure = f"CUDA is not available: cuda-python cannot be imported: {exc}"
+                _default_failure = CudaUnavailableError(
+                    f"CUDA is not available: cuda-python cannot be imported: {exc}",
+                    cause="cuda-python cannot be imported",
+                )
         if _default is None:
-            raise CudaUnavailableError(str(_default_failure))
+            failure = _default_failure
+            if failure is None:  # unreachable: the lock block sets one of the two
+                raise CudaUnavailableError("CUDA is not available")
+            raise CudaUnavailableError(str(failure), cause=failure.cause)
         return _default
 
 
@@ -120,15 +129,49 @@ def cuda_error(backend: Backend, code: int, prefix: str, *, driver: bool = False
     return CudaError(f"{prefix} {name}: {text}", code, name)
 
 
+_NO_DEVICE: Final = 100  # cudaErrorNoDevice
+_INSUFFICIENT_DRIVER: Final = 35  # cudaErrorInsufficientDriver: also what "no libcuda" reports
+
+
+def driver_library_present() -> bool:
+    """Whether the CUDA driver library (``libcuda.so.1``) can be loaded. Never raises.
+
+    cuda-python reports a missing driver and a too-old one with the same error code; this tells
+    them apart."""
+    global _driver_present
+    if _driver_present is None:
+        try:
+            ctypes.CDLL("libcuda.so.1")
+            _driver_present = True
+        except OSError:
+            _driver_present = False
+    return _driver_present
+
+
+_driver_present: bool | None = None
+
+
+def _cause(code: int) -> str:
+    if code == _NO_DEVICE:
+        return "no CUDA device is visible to this process"
+    if code == _INSUFFICIENT_DRIVER:
+        if not driver_library_present():
+            return "no CUDA driver is installed (libcuda.so.1 cannot be loaded)"
+        return "the CUDA driver is too old for this cuda-python"
+    return "the CUDA driver cannot be initialised"
+
+
 def _probe(backend: Backend) -> CudaUnavailableError | None:
     err, count = backend.runtime.cudaGetDeviceCount()
     if err != SUCCESS:
         name, text = _describe(backend, err, driver=False)
+        cause = _cause(err)
         return CudaUnavailableError(
-            f"CUDA is not available: no CUDA driver/device: {name}: {text}", err, name
+            f"CUDA is not available: {cause} ({name}: {text})", err, name, cause=cause
         )
     if count <= 0:
-        return CudaUnavailableError("CUDA is not available: no CUDA device found")
+        cause = "no CUDA device is visible to this process"
+        return CudaUnavailableError(f"CUDA is not available: {cause}", cause=cause)
     backend.confirmed = True
     return None
 
@@ -147,15 +190,17 @@ def require_backend() -> Backend:
 # Probes (never raise).
 
 
-def unavailable_reason() -> str | None:
+def unavailable_reason(*, short: bool = False) -> str | None:
     """Why GPU entry points would raise :class:`CudaUnavailableError`, or None when CUDA has a
-    device. Never raises."""
+    device. ``short=True`` gives one short sentence (no CUDA error text). Never raises."""
     try:
         backend = active_backend()
     except CudaUnavailableError as exc:
-        return str(exc)
+        return exc.cause if short else str(exc)
     failure = None if backend.confirmed else _probe(backend)
-    return None if failure is None else str(failure)
+    if failure is None:
+        return None
+    return failure.cause if short else str(failure)
 
 
 def device_count() -> int:

@@ -42,7 +42,16 @@ class CudaError(TritonModelException):
 
 
 class CudaUnavailableError(CudaError):
-    """CUDA cannot be used in this process: no cuda-python, no driver, or no device."""
+    """CUDA cannot be used in this process: no cuda-python, no driver, or no device.
+
+    ``cause`` is one short sentence saying which (for tables and logs); the message adds CUDA's
+    own error name and text where a CUDA call reported the problem.
+    """
+
+    def __init__(self, message: str, code: int | None = None, error_name: str | None = None,
+                 *, cause: str | None = None):
+        super().__init__(message, code, error_name)
+        self.cause = cause if cause is not None else message
 
 
 class CudaRuntime(Protocol):
