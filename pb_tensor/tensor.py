@@ -6,13 +6,13 @@ messages), minus upstream's bugs; the README's "Differences from Triton" table l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, SupportsIndex, cast
 
 import numpy as np
 
 import dlpack_ctypes as dl
 from dlpack_ctypes.abi import DLDeviceType
-from pb_tensor import bytes_codec
+from pb_tensor import _pickling, bytes_codec
 from pb_tensor.dtypes import (
     MemoryType,
     TritonDtype,
@@ -445,6 +445,41 @@ class Tensor:
         imported = self._dl
         return imported.data if imported is not None else 0
 
+    def __reduce_ex__(self, protocol: SupportsIndex, /) -> tuple[Any, ...]:
+        """Pickle support, for every protocol (``multiprocessing``, Ray, Dask ...).
+
+        The stream holds a checked metadata header (name, Triton dtype, shape, memory type) and
+        the host data: BYTES as their serialised wire bytes, BF16 as 16-bit words. From protocol
+        5 on the data is a :class:`pickle.PickleBuffer`, so a ``buffer_callback`` keeps it out of
+        band and the loaded tensor views the received buffer (read-only when that buffer is).
+        A pinned tensor loads as a CPU tensor (the received memory is not page-locked).
+
+        Raises:
+            TritonModelException: the tensor is in GPU memory (call ``to_host()`` first).
+        """
+        memory_type = self._memory_type
+        if memory_type == MemoryType.GPU:
+            raise TritonModelException(
+                f"Tensor {self._name!r} is stored in GPU memory (device {self._memory_id}) and "
+                "cannot be pickled: call to_host() first to pickle a host copy"
+            )
+        if self._serialized is not None:
+            payload = self._serialized
+        elif self._dtype == TritonDtype.TYPE_BF16:
+            payload = _raw_host(self)
+        elif self._array is not None:
+            payload = self._array
+        else:
+            payload = self._make_array()
+        return _rebuild_tensor, _pickling.encode(
+            self._name, self._dtype, self._dims, memory_type, self._memory_id, payload,
+            int(protocol),
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """As :meth:`__reduce_ex__` with protocol 2 (for callers that skip ``__reduce_ex__``)."""
+        return self.__reduce_ex__(2)
+
     def __repr__(self) -> str:
         device = self._memory_type.name
         if self._memory_type != MemoryType.CPU:
@@ -627,3 +662,14 @@ def _device_pair(value: object) -> tuple[int, int]:
         return int(device_type), int(device_id)
     except (TypeError, ValueError):
         return (-1, -1)
+
+
+def _rebuild_tensor(header: object, payload: object, /) -> Tensor:
+    """Unpickle a Tensor (named in pickle streams: keep this name and signature).
+
+    Raises:
+        TritonModelException: a corrupted or truncated pickle (the rule it breaks).
+    """
+    d = _pickling.decode(header, payload)
+    return _fill(_new_tensor(Tensor), d.name, d.dtype, d.dims, MemoryType.CPU, 0, d.array,
+                 d.imported, d.serialized)
