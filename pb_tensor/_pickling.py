@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 import zlib
 from pickle import PickleBuffer
-from typing import Any, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
 
 import numpy as np
 
@@ -33,6 +33,9 @@ import dlpack_ctypes as dl
 from pb_tensor import bytes_codec
 from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_dlpack
 from pb_tensor.errors import TritonModelException
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["FORMAT_VERSION", "MAX_DIMS", "Decoded", "decode", "encode"]
 
@@ -60,6 +63,7 @@ for _td in TritonDtype:
         continue
     _np = np.dtype(np.uint16) if _td == TritonDtype.TYPE_BF16 else numpy_dtype_of(_td)
     _STORAGE[int(_td)] = (_np, _np.itemsize)
+_U8: Final = np.dtype(np.uint8)
 _BF16: Final = int(TritonDtype.TYPE_BF16)
 _BYTES: Final = int(TritonDtype.TYPE_BYTES)
 _BF16_DL: Final = dl.DataType(*triton_to_dlpack(TritonDtype.TYPE_BF16))
@@ -124,7 +128,7 @@ def encode(
     flags = 0
     data: object
     if protocol >= 5:
-        data = PickleBuffer(payload)
+        data = PickleBuffer(cast("Buffer", payload))
     else:
         data = payload.tobytes()
         if payload.flags.writeable:
@@ -193,7 +197,7 @@ def decode(header: object, payload: object) -> Decoded:
     for n in dims:
         count *= n
     if dtype == _BYTES:
-        storage, itemsize = np.dtype(np.uint8), 1
+        storage, itemsize = _U8, 1
     else:
         found = _STORAGE.get(dtype)
         if found is None:
@@ -223,7 +227,7 @@ def decode(header: object, payload: object) -> Decoded:
 def _view(payload: object, dtype: np.dtype[Any], byte_size: int, name: str) -> Any:
     """``payload`` as a flat array of ``dtype``, without a copy, holding ``byte_size`` bytes."""
     try:
-        data = np.frombuffer(payload, dtype=np.uint8)  # type: ignore[call-overload]
+        data = np.frombuffer(payload, dtype=_U8)  # type: ignore[call-overload]
     except (TypeError, ValueError, BufferError) as exc:
         raise _corrupt(
             f"the payload of tensor {name!r} ({type(payload).__name__}) is not a contiguous "
@@ -234,4 +238,4 @@ def _view(payload: object, dtype: np.dtype[Any], byte_size: int, name: str) -> A
             f"the payload of tensor {name!r} holds {data.nbytes} bytes, the header says "
             f"{byte_size}"
         )
-    return data.view(dtype) if dtype.itemsize != 1 else data
+    return data if dtype is _U8 else data.view(dtype)
