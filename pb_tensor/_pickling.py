@@ -22,10 +22,11 @@ This module knows buffers and metadata only; :mod:`pb_tensor.tensor` builds the 
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from pickle import PickleBuffer
-from typing import TYPE_CHECKING, Any, Final, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import numpy as np
 
@@ -53,35 +54,38 @@ _KNOWN_FLAGS: Final = _FLAG_COPY_ON_LOAD
 _HOST_MEMORY: Final = (int(MemoryType.CPU), int(MemoryType.CPU_PINNED))
 _KDL_CPU: Final = (int(dl.DLDeviceType.kDLCPU), 0)
 
+_MIN_HEADER: Final = _FIXED.size + _CRC.size
+
 _bodies: dict[tuple[int, int], struct.Struct] = {}
 _BODY_CACHE_MAX: Final = 256
+_DIMS: Final = [struct.Struct(f"<{n}q") for n in range(MAX_DIMS + 1)]
 
-# TritonDtype value -> (numpy storage dtype, bytes per element); BF16 is stored as uint16 words.
-_STORAGE: Final[dict[int, tuple[np.dtype[Any], int]]] = {}
+# TritonDtype value -> (TritonDtype, numpy storage dtype, bytes per element): BF16 is stored as
+# uint16 words, BYTES as uint8 wire bytes with no fixed element size (0).
+_DTYPES: Final[dict[int, tuple[TritonDtype, np.dtype[Any], int]]] = {}
 for _td in TritonDtype:
-    if _td in (TritonDtype.TYPE_INVALID, TritonDtype.TYPE_BYTES):
+    if _td == TritonDtype.TYPE_INVALID:
+        continue
+    if _td == TritonDtype.TYPE_BYTES:
+        _DTYPES[int(_td)] = (_td, np.dtype(np.uint8), 0)
         continue
     _np = np.dtype(np.uint16) if _td == TritonDtype.TYPE_BF16 else numpy_dtype_of(_td)
-    _STORAGE[int(_td)] = (_np, _np.itemsize)
-_U8: Final = np.dtype(np.uint8)
+    _DTYPES[int(_td)] = (_td, _np, _np.itemsize)
 _BF16: Final = int(TritonDtype.TYPE_BF16)
-_BYTES: Final = int(TritonDtype.TYPE_BYTES)
 _BF16_DL: Final = dl.DataType(*triton_to_dlpack(TritonDtype.TYPE_BF16))
 
 
-class Decoded(NamedTuple):
-    """A loaded tensor's fields, for :func:`pb_tensor.tensor._fill` (memory type: CPU, id 0).
-
-    Exactly one of ``array`` (numeric data, or BYTES elements as an object array) and
-    ``imported`` (BF16) holds the data; ``serialized`` holds BYTES wire bytes.
-    """
-
-    name: str
-    dtype: TritonDtype
-    dims: tuple[int, ...]
-    array: np.ndarray[Any, Any] | None
-    imported: dl.DLPackTensor | None
-    serialized: np.ndarray[Any, Any] | None
+Decoded = tuple[
+    str,
+    TritonDtype,
+    tuple[int, ...],
+    "np.ndarray[Any, Any] | None",
+    "dl.DLPackTensor | None",
+    "np.ndarray[Any, Any] | None",
+]
+"""A loaded tensor's fields (a plain tuple: this is the unpickling hot path): name, dtype, dims,
+``array`` (numeric data, or BYTES elements as an object array), ``imported`` (BF16 data) and
+``serialized`` (BYTES wire bytes). The memory type is CPU, id 0."""
 
 
 def _body_struct(ndim: int, name_len: int) -> struct.Struct:
@@ -157,9 +161,9 @@ def decode(header: object, payload: object) -> Decoded:
     """
     if type(header) is not bytes:
         raise _corrupt(f"the header is a {type(header).__name__}, expected bytes")
-    fixed = _FIXED.size
-    if len(header) < fixed + _CRC.size:
-        raise _corrupt(f"header of {len(header)} bytes, shorter than {fixed + _CRC.size}")
+    size = len(header)
+    if size < _MIN_HEADER:
+        raise _corrupt(f"header of {size} bytes, shorter than {_MIN_HEADER}")
     magic, flags, memory_type, dtype, ndim, _memory_id, byte_size, name_len = (
         _FIXED.unpack_from(header)
     )
@@ -171,71 +175,69 @@ def decode(header: object, payload: object) -> Decoded:
         raise _corrupt(f"header magic={magic!r}, expected {_MAGIC!r}")
     if ndim > MAX_DIMS:
         raise _corrupt(f"ndim={ndim} exceeds {MAX_DIMS}")
-    expected_len = fixed + 8 * ndim + name_len + _CRC.size
-    if len(header) != expected_len:
-        raise _corrupt(f"header of {len(header)} bytes, expected {expected_len}")
-    body = memoryview(header)[:-_CRC.size]
-    (crc,) = _CRC.unpack_from(header, expected_len - _CRC.size)
-    if zlib.crc32(body) != crc:
+    name_at = _FIXED.size + 8 * ndim
+    if size != name_at + name_len + _CRC.size:
+        raise _corrupt(f"header of {size} bytes, expected {name_at + name_len + _CRC.size}")
+    if zlib.crc32(header[:-4]) != _CRC.unpack_from(header, size - 4)[0]:
         raise _corrupt("the header's CRC-32 does not match its contents")
     # The CRC passed: what follows catches headers written wrongly, not damaged ones.
+    found = _DTYPES.get(dtype)
+    if found is None:
+        raise _corrupt(f"dtype={dtype} is not a Triton data type")
+    triton_dtype, storage, itemsize = found
     if flags & ~_KNOWN_FLAGS:
         raise _corrupt(f"unknown flags={flags:#x}")
     if memory_type not in _HOST_MEMORY:
         raise _corrupt(f"memory_type={memory_type} is not host memory")
-    fields = _body_struct(ndim, name_len).unpack_from(header)
-    dims = tuple(fields[8 : 8 + ndim])
-    if any(n < 0 for n in dims):
+    dims: tuple[int, ...] = _DIMS[ndim].unpack_from(header, _FIXED.size)
+    if ndim and min(dims) < 0:
         raise _corrupt(f"negative dimension in dims={list(dims)}")
     try:
-        name = fields[-1].decode("utf-8", "surrogatepass")
+        name = header[name_at : size - 4].decode("utf-8", "surrogatepass")
     except UnicodeDecodeError:
-        raise _corrupt(f"name={fields[-1]!r} is not UTF-8") from None
+        raise _corrupt(f"name={header[name_at : size - 4]!r} is not UTF-8") from None
     if not name:
         raise _corrupt("empty name")
-    count = 1
-    for n in dims:
-        count *= n
-    if dtype == _BYTES:
-        storage, itemsize = _U8, 1
-    else:
-        found = _STORAGE.get(dtype)
-        if found is None:
-            raise _corrupt(f"dtype={dtype} is not a Triton data type")
-        storage, itemsize = found
-        if byte_size != count * itemsize:
-            raise _corrupt(
-                f"byte_size={byte_size} for dims={list(dims)} of {itemsize}-byte elements"
-            )
+    count = math.prod(dims)
+    if itemsize and byte_size != count * itemsize:
+        raise _corrupt(f"byte_size={byte_size} for dims={list(dims)} of {itemsize}-byte elements")
     data = _view(payload, storage, byte_size, name)
-    if flags & _FLAG_COPY_ON_LOAD or not data.flags.aligned:
-        data = data.copy()
-    triton_dtype = TritonDtype(dtype)
-    if dtype == _BYTES:
+    if flags or not data.flags.aligned:
+        data = data.copy()  # _FLAG_COPY_ON_LOAD, or alignment for every consumer
+    if itemsize == 0:  # BYTES
         elements = bytes_codec.deserialize(data, count).reshape(dims)
-        return Decoded(name, triton_dtype, dims, elements, None, data)
+        return name, triton_dtype, dims, elements, None, data
     data = data.reshape(dims)
     if dtype == _BF16:
         exporter = dl.BufferExporter(
             data, dl.data_pointer(data), dims, None, _BF16_DL, _KDL_CPU,
             readonly=not data.flags.writeable,
         )
-        return Decoded(name, triton_dtype, dims, None, dl.from_dlpack(exporter), None)
-    return Decoded(name, triton_dtype, dims, data, None, None)
+        return name, triton_dtype, dims, None, dl.from_dlpack(exporter), None
+    return name, triton_dtype, dims, data, None, None
 
 
 def _view(payload: object, dtype: np.dtype[Any], byte_size: int, name: str) -> Any:
     """``payload`` as a flat array of ``dtype``, without a copy, holding ``byte_size`` bytes."""
     try:
-        data = np.frombuffer(payload, dtype=_U8)  # type: ignore[call-overload]
+        data = np.frombuffer(payload, dtype=dtype)  # type: ignore[call-overload]
     except (TypeError, ValueError, BufferError) as exc:
+        try:
+            nbytes = memoryview(payload).nbytes  # type: ignore[arg-type]
+        except TypeError:
+            nbytes = byte_size
+        if nbytes != byte_size:
+            raise _size_mismatch(name, nbytes, byte_size) from None
         raise _corrupt(
             f"the payload of tensor {name!r} ({type(payload).__name__}) is not a contiguous "
             f"buffer: {exc}"
         ) from None
     if data.nbytes != byte_size:
-        raise _corrupt(
-            f"the payload of tensor {name!r} holds {data.nbytes} bytes, the header says "
-            f"{byte_size}"
-        )
-    return data if dtype is _U8 else data.view(dtype)
+        raise _size_mismatch(name, data.nbytes, byte_size)
+    return data
+
+
+def _size_mismatch(name: str, nbytes: int, byte_size: int) -> TritonModelException:
+    return _corrupt(
+        f"the payload of tensor {name!r} holds {nbytes} bytes, the header says {byte_size}"
+    )

@@ -670,6 +670,6 @@ def _rebuild_tensor(header: object, payload: object, /) -> Tensor:
     Raises:
         TritonModelException: a corrupted or truncated pickle (the rule it breaks).
     """
-    d = _pickling.decode(header, payload)
-    return _fill(_new_tensor(Tensor), d.name, d.dtype, d.dims, MemoryType.CPU, 0, d.array,
-                 d.imported, d.serialized)
+    name, dtype, dims, array, imported, serialized = _pickling.decode(header, payload)
+    return _fill(_new_tensor(Tensor), name, dtype, dims, MemoryType.CPU, 0, array, imported,
+                 serialized)
