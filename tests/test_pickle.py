@@ -404,6 +404,28 @@ def test_gpu_tensor_refuses_to_pickle(fake: FakeCudaRuntime, protocol: int) -> N
     del t
 
 
+@pytest.mark.gpu
+@pytest.mark.usefixtures("real_cuda")
+@pytest.mark.skipif(not cuda.is_available(), reason=cuda.unavailable_reason() or "no GPU")
+def test_real_gpu_tensor_refuses_to_pickle() -> None:
+    host = np.arange(6, dtype=np.float32)
+    ptr = cuda.malloc(host.nbytes, device=0)
+    try:
+        cuda.memcpy(ptr, host.ctypes.data, host.nbytes, cuda.MemcpyKind.HOST_TO_DEVICE,
+                    device=0)  # fmt: skip
+        exporter = dl.BufferExporter(object(), ptr, host.shape, None, dl.DataType(2, 32, 1),
+                                     (2, 0))  # fmt: skip
+        t = Tensor.from_dlpack("gpu", exporter.__dlpack__(max_version=(1, 3)))
+        with pytest.raises(TritonModelException, match=r"device 0\) and cannot be pickled"):
+            pickle.dumps(t, protocol=5)
+        back = pickle.loads(pickle.dumps(t.to_host(), protocol=5))
+        np.testing.assert_array_equal(back.as_numpy(), host)
+        del t, back
+        gc.collect()
+    finally:
+        cuda.free(ptr, device=0)
+
+
 # ================================================================================================
 # Corrupted and truncated pickles
 
