@@ -12,6 +12,9 @@ fi
 # absence only skips the tests that need it.
 .venv/bin/python -m pip install --quiet -e ".[test,interop,bench]"
 .venv/bin/python -m pip install --quiet -e ".[cuda]" || echo "cuda-python unavailable here: its tests will skip"
+# Ray publishes wheels for some Python versions only; where it cannot be installed, the tests
+# marked ray skip and say why.
+.venv/bin/python -m pip install --quiet -e ".[ray]" || echo "ray unavailable here: its tests will skip"
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 .venv/bin/python -m mypy --strict || status=1
