@@ -7,6 +7,7 @@ where ray is not installed: ``pip install 'pb-tensor[ray]'``.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,7 +38,12 @@ def ray() -> Iterator[Any]:
     previous = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, TESTS_DIR, previous]))
     try:
-        ray.init(num_cpus=1, include_dashboard=False)
+        with warnings.catch_warnings():
+            # Ray starts its processes through subprocess with a preexec_fn, which runs fork
+            # hooks: JAX's (when an earlier test imported JAX) warns about fork() in a threaded
+            # process. The child execs at once, so the warning does not apply.
+            warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+            ray.init(num_cpus=1, include_dashboard=False)
     finally:
         if previous is None:
             del os.environ["PYTHONPATH"]
