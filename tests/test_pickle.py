@@ -573,7 +573,8 @@ def test_fuzzed_streams_never_give_a_wrong_tensor(
 
 
 POOLS = """
-import multiprocessing as mp, sys, pickle
+import multiprocessing as mp, os, sys
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # a single-threaded parent for fork
 import numpy as np
 from pb_tensor import Tensor, TritonDtype
 from pb_tensor.shm import SharedMemoryPool
