@@ -40,7 +40,8 @@ from pb_tensor.shm import SharedMemoryPool
 
 SIZES = {"4 KiB": 4 << 10, "64 MiB": 64 << 20}
 MP_SIZES = {
-    "4 KiB": 4 << 10, "64 KiB": 64 << 10, "256 KiB": 256 << 10, "1 MiB": 1 << 20,
+    "4 KiB": 4 << 10, "64 KiB": 64 << 10, "128 KiB": 128 << 10, "256 KiB": 256 << 10,
+    "1 MiB": 1 << 20,
     "4 MiB": 4 << 20, "16 MiB": 16 << 20, "64 MiB": 64 << 20,
 }  # fmt: skip
 KINDS = ("Tensor", "numpy", "torch")
