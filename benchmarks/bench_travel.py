@@ -21,6 +21,7 @@ array's and at least 5x faster than the torch tensor's; protocol-5 ``dumps``+``l
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import os
 import pickle
@@ -29,7 +30,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -45,6 +46,7 @@ MP_SIZES = {
     "4 MiB": 4 << 20, "16 MiB": 16 << 20, "64 MiB": 64 << 20,
 }  # fmt: skip
 KINDS = ("Tensor", "numpy", "torch")
+K = TypeVar("K")
 GET_VS_NUMPY = 1.5  # ray.get(Tensor) / ray.get(numpy), 64 MiB
 GET_VS_TORCH = 5.0  # ray.get(torch) / ray.get(Tensor), 64 MiB
 PICKLE_VS_NUMPY = 1.5  # dumps+loads(Tensor) / dumps+loads(numpy), 64 MiB
@@ -56,13 +58,13 @@ def _median_ns(fn: Callable[[], object], reps: int) -> float:
     return _interleaved({"fn": fn}, reps)["fn"]
 
 
-def _interleaved(fns: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+def _interleaved(fns: dict[K, Callable[[], object]], reps: int) -> dict[K, float]:
     """Median wall time in ns of each function, calls interleaved (one of each per round) so
     that load from other processes on the machine hits all of them alike."""
     for fn in fns.values():
         for _ in range(min(reps, 5)):
             fn()
-    samples: dict[str, list[int]] = {name: [] for name in fns}
+    samples: dict[K, list[int]] = {name: [] for name in fns}
     clock = time.perf_counter_ns
     for _ in range(reps):
         for name, fn in fns.items():
@@ -91,14 +93,25 @@ def _reps(nbytes: int, kind: str, quick: bool) -> int:
     return max(5, reps // 20) if quick else reps
 
 
-def _measure(fn: Callable[[Any], object], objects: dict[str, Any], nbytes: int,
-             quick: bool) -> dict[str, float]:  # fmt: skip
-    """``fn(obj)`` timed for each kind: Tensor and numpy interleaved, torch on its own."""
-    close = {k: (lambda o=objects[k]: fn(o)) for k in ("Tensor", "numpy")}
-    times = _interleaved(close, _reps(nbytes, "Tensor", quick))
-    if "torch" in objects:
-        times["torch"] = _median_ns(lambda: fn(objects["torch"]), _reps(nbytes, "torch", quick))
-    return times
+def _measure(fn: Callable[[Any], object], objects: dict[str, dict[str, Any]],
+             quick: bool) -> dict[str, dict[str, float]]:  # fmt: skip
+    """``fn(obj)`` timed for each size and kind: the Tensor and numpy calls of every size
+    interleaved (the ratios compare calls made side by side), torch on its own (it is orders of
+    magnitude slower at 64 MiB). ``objects``: size label -> kind -> object."""
+    close: dict[tuple[str, str], Callable[[], object]] = {
+        (label, kind): functools.partial(fn, by_kind[kind])
+        for label, by_kind in objects.items()
+        for kind in ("Tensor", "numpy")
+    }
+    times = _interleaved(close, _reps(0, "Tensor", quick))
+    results: dict[str, dict[str, float]] = {label: {} for label in objects}
+    for (label, kind), ns in times.items():
+        results[label][kind] = ns
+    for label, by_kind in objects.items():
+        if "torch" in by_kind:
+            reps = _reps(SIZES[label], "torch", quick)
+            results[label]["torch"] = _median_ns(functools.partial(fn, by_kind["torch"]), reps)
+    return results
 
 
 # --------------------------------------------------------------------------------- pickling
@@ -109,10 +122,8 @@ def _pickle_round_trip(obj: object) -> object:
 
 
 def bench_pickle(quick: bool) -> dict[str, dict[str, float]]:
-    return {
-        label: _measure(_pickle_round_trip, _objects(nbytes), nbytes, quick)
-        for label, nbytes in SIZES.items()
-    }
+    objects = {label: _objects(nbytes) for label, nbytes in SIZES.items()}
+    return _measure(_pickle_round_trip, objects, quick)
 
 
 # -------------------------------------------------------------------------------------- Ray
@@ -123,18 +134,19 @@ def bench_ray(quick: bool) -> dict[str, dict[str, dict[str, float]]] | None:
         print("ray is not installed (pip install 'pb-tensor[ray]'): Ray rows skipped")
         return None
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    results: dict[str, dict[str, dict[str, float]]] = {"put": {}, "get": {}}
     try:
-        for label, nbytes in SIZES.items():
-            objects = _objects(nbytes)
-            # put: every call stores a new object (its ref is dropped right away, freeing it).
-            results["put"][label] = _measure(ray.put, objects, nbytes, True)
-            refs = {kind: ray.put(obj) for kind, obj in objects.items()}
-            results["get"][label] = _measure(ray.get, refs, nbytes, quick)
-            del refs
+        objects = {label: _objects(nbytes) for label, nbytes in SIZES.items()}
+        # put: every call stores a new object (its ref is dropped right away, freeing it).
+        puts = _measure(ray.put, objects, True)
+        refs = {
+            label: {kind: ray.put(obj) for kind, obj in by_kind.items()}
+            for label, by_kind in objects.items()
+        }
+        gets = _measure(ray.get, refs, quick)
+        del refs
     finally:
         ray.shutdown()
-    return results
+    return {"put": puts, "get": gets}
 
 
 # -------------------------------------------------------------------------- multiprocessing
