@@ -7,9 +7,10 @@ import bisect
 import enum
 import json
 import math
+import re
 import threading
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from pb_tensor.errors import TritonModelException
 
@@ -27,6 +28,10 @@ class MetricKind(enum.IntEnum):
         return self.name
 
 
+# Prometheus' rules (prometheus-cpp CheckMetricName / CheckLabelName).
+_METRIC_NAME: Final = re.compile(r"(?!__)[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
 _lock = threading.RLock()
 _families: dict[str, MetricFamily] = {}
 
@@ -37,8 +42,9 @@ class MetricFamily:
 
     Raises:
         TypeError: an argument is None or of the wrong type (upstream's pybind signature).
-        TritonModelException: ``"Error when creating MetricFamily: ..."`` when a family of
-            that name already exists with another description or kind.
+        TritonModelException: ``"Error when creating MetricFamily: ..."`` for a name that is
+            not a Prometheus metric name, or a family of that name with another kind (one of
+            the same kind is shared, as Prometheus merges them).
     """
 
     COUNTER: ClassVar[MetricKind] = MetricKind.COUNTER
@@ -58,20 +64,22 @@ class MetricFamily:
         self._description = description
         self._kind = kind
         self._metrics: dict[str, Metric] = {}
+        if not _METRIC_NAME.fullmatch(name):
+            raise TritonModelException("Error when creating MetricFamily: Invalid metric name")
         with _lock:
             existing = _families.get(name)
-            if existing is not None and (
-                existing._kind is not kind or existing._description != description
-            ):
-                raise TritonModelException(
-                    "Error when creating MetricFamily: "
-                    f"metric family {name!r} already exists with a different kind or "
-                    "description"
-                )
             if existing is not None:
-                # Triton shares one family per name; the new object reaches the same series.
+                if existing._kind is not kind:
+                    raise TritonModelException(
+                        "Error when creating MetricFamily: "
+                        "Family name already exists with different type"
+                    )
+                # Prometheus merges same-name families of one kind: the new object reaches
+                # the same series, and the first description stays.
+                self._description = existing._description
                 self._metrics = existing._metrics
-            _families[name] = self
+            else:
+                _families[name] = self
 
     @property
     def name(self) -> str:
@@ -115,9 +123,12 @@ class MetricFamily:
         label_map: dict[str, str] = {}
         for key, value in (labels or {}).items():
             if not isinstance(key, str) or not isinstance(value, str):
+                # Upstream fails inside its JSON reader with a less telling text.
                 raise TritonModelException(
                     f"Error when creating Metric: label {key!r}: {value!r} must map a str to a str"
                 )
+            if not _LABEL_NAME.fullmatch(key) or key.startswith("__"):
+                raise TritonModelException("Error when creating Metric: Invalid label name")
             label_map[key] = value
         key = json.dumps(label_map, sort_keys=True)
         with _lock:
@@ -176,12 +187,14 @@ class Metric:
         amount = _to_float(value, "Metric.increment(): value")
         kind = self._family.kind
         if kind is MetricKind.HISTOGRAM:
-            raise TritonModelException("Failed to increment metric value: Unsupported metric kind")
-        if kind is MetricKind.COUNTER and amount < 0:
             raise TritonModelException(
                 "Failed to increment metric value: "
-                "TRITONSERVER_MetricIncrement: counters can only be incremented by "
-                "non-negative values"
+                "TRITONSERVER_METRIC_KIND_HISTOGRAM does not support Increment"
+            )
+        if kind is MetricKind.COUNTER and amount < 0:
+            raise TritonModelException(
+                "Failed to increment metric value: TRITONSERVER_METRIC_KIND_COUNTER can only "
+                "be incremented monotonically by non-negative values."
             )
         with _lock:
             self._value += amount
@@ -194,7 +207,10 @@ class Metric:
         """
         amount = _to_float(value, "Metric.set(): value")
         if self._family.kind is not MetricKind.GAUGE:
-            raise TritonModelException("Failed to set metric value: Unsupported metric kind")
+            raise TritonModelException(
+                f"Failed to set metric value: TRITONSERVER_METRIC_KIND_{self._family.kind.name} "
+                "does not support Set"
+            )
         with _lock:
             self._value = amount
 
@@ -206,7 +222,10 @@ class Metric:
         """
         amount = _to_float(value, "Metric.observe(): value")
         if self._family.kind is not MetricKind.HISTOGRAM:
-            raise TritonModelException("Failed to observe metric value: Unsupported metric kind")
+            raise TritonModelException(
+                "Failed to observe metric value: "
+                f"TRITONSERVER_METRIC_KIND_{self._family.kind.name} does not support Observe"
+            )
         with _lock:
             self._count += 1
             self._sum += amount
@@ -220,7 +239,10 @@ class Metric:
             TritonModelException: ``"Failed to get metric value: ..."`` for histograms.
         """
         if self._family.kind is MetricKind.HISTOGRAM:
-            raise TritonModelException("Failed to get metric value: Unsupported metric kind")
+            raise TritonModelException(
+                "Failed to get metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does not support "
+                "Value"
+            )
         with _lock:
             return self._value
 
