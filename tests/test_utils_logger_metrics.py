@@ -30,6 +30,7 @@ def test_logger_records(caplog: pytest.LogCaptureFixture) -> None:
     logger.log("default level")
     logger.log("explicit", logger.LogLevel.ERROR)
     logger.log("kw", level=pb_utils.LogLevel.WARNING)
+    logger.log("class constant", logger.VERBOSE)  # upstream models write logger.INFO etc.
     got = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
     name = _context.LOGGER_NAME
     assert got == [
@@ -40,6 +41,7 @@ def test_logger_records(caplog: pytest.LogCaptureFixture) -> None:
         (name, logging.INFO, "default level"),
         (name, logging.ERROR, "explicit"),
         (name, logging.WARNING, "kw"),
+        (name, logging.DEBUG, "class constant"),
     ]
     assert [r.triton_log_level for r in caplog.records][:4] == [  # type: ignore[attr-defined]
         pb_utils.LogLevel.INFO,

@@ -168,6 +168,9 @@ def _check_names(names: object, request_id: str, model_name: str) -> set[str]:
 
 
 def _check_correlation_id(value: object) -> int | str:
+    if value is None:
+        # pybind refuses None before upstream's own check runs.
+        raise TypeError("InferenceRequest(): correlation_id must be an int or a str, got NoneType")
     if isinstance(value, str):
         return value
     if isinstance(value, int):  # bool included, as pybind's int check accepts it
