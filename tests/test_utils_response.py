@@ -299,3 +299,7 @@ def test_prune_output_tensors() -> None:
     r = pb_utils.InferenceResponse([_t("A"), _t("B"), _t("C")])
     _context.prune_output_tensors(r, ["C", "A"])
     assert [t.name() for t in r.output_tensors()] == ["A", "C"]
+
+
+def test_error_code_enum_reachable_under_upstream_name() -> None:
+    assert getattr(pb_utils.TritonError, "__ErrorCode") is pb_utils.TritonErrorCode

@@ -87,3 +87,8 @@ class TritonError:
 
     def __hash__(self) -> int:
         return hash((self._message, self._code))
+
+
+# Upstream's pybind enum is nested as ``TritonError.__ErrorCode``; a class body would mangle the
+# name, so it is attached afterwards (reachable as ``TritonError.__ErrorCode`` outside classes).
+setattr(TritonError, "__ErrorCode", TritonErrorCode)
