@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pb_tensor.utils._response import InferenceResponse
 
 __all__ = [
+    "BLS_OUTSIDE_EXECUTE_MESSAGE",
     "NO_BACKEND_MESSAGE",
     "ModelBackend",
     "get_backend",
@@ -32,8 +33,12 @@ __all__ = [
     "set_process_backend",
 ]
 
+BLS_OUTSIDE_EXECUTE_MESSAGE = "BLS is only supported during the 'execute' function."
+"""Triton's error for BLS in ``initialize``/``finalize``: a backend raises it (as a
+``TritonModelException``) from ``exec_request`` outside ``execute``."""
+
 NO_BACKEND_MESSAGE = (
-    "BLS is only supported during the 'execute' function. "
+    BLS_OUTSIDE_EXECUTE_MESSAGE + " "
     "(No pb_tensor runtime is serving a model here: load the model with "
     "pb_tensor.runtime.ModelRepository to use this outside Triton.)"
 )

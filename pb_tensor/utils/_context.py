@@ -16,6 +16,7 @@ Model code never needs this module.
 from __future__ import annotations
 
 from pb_tensor.utils._backend import (
+    BLS_OUTSIDE_EXECUTE_MESSAGE,
     NO_BACKEND_MESSAGE,
     ModelBackend,
     get_backend,
@@ -36,6 +37,7 @@ from pb_tensor.utils._response import (
 )
 
 __all__ = [
+    "BLS_OUTSIDE_EXECUTE_MESSAGE",
     "LOGGER_NAME",
     "NO_BACKEND_MESSAGE",
     "InferenceResponseSender",

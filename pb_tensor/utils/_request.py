@@ -274,12 +274,14 @@ class InferenceRequest:
     # -- accessors --------------------------------------------------------------------------
 
     def inputs(self) -> list[Tensor]:
-        """The input tensors (the request's own list, as upstream's reference policy)."""
-        return self._inputs
+        """The input tensors (a new list of the same tensors each call, as upstream's binding
+        converts its vector)."""
+        return list(self._inputs)
 
     def requested_output_names(self) -> set[str]:
-        """The names of the outputs to compute (a ``set``, as upstream's ``std::set``)."""
-        return self._requested_output_names
+        """The names of the outputs to compute (a new ``set`` each call, as upstream converts
+        its ``std::set``)."""
+        return set(self._requested_output_names)
 
     def request_id(self) -> str:
         """The request id ("" when none)."""
