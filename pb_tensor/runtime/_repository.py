@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
 from pb_tensor.runtime._engines import InProcessEngine, StubEngine, StubFailure
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
@@ -203,14 +204,16 @@ class ModelRepository:
                 "here"
             )
         holder: list[LoadedModel] = []
+
+        def on_stub_message(e: StubEngine, kind: str, tensors: list[Tensor], body: Any) -> None:
+            # The model object exists only once the configuration is complete.
+            holder[0].on_stub_message(e, kind, tensors, body)
+
         engine: StubEngine | None = None
         cls: type | None = None
         try:
             if isolated:
-                engine = StubEngine(
-                    self.pool, model_path, name,
-                    holder[0].on_stub_message,
-                )  # fmt: skip
+                engine = StubEngine(self.pool, model_path, name, on_stub_message)
                 completed = engine.spawn(_schema.config_to_dict(config))
             else:
                 cls = model_class(load_model_module(model_path, name))
