@@ -213,7 +213,7 @@ def _load(repo: tuple[ModelRepository, bool], name: str, **kwargs: object) -> Lo
 IN = {"IN": np.array([0, 5], dtype=np.int32)}
 
 
-def _error(model: LoadedModel, inputs: dict[str, object] = IN) -> InferenceError:  # noqa: B006
+def _error(model: LoadedModel, inputs: dict[str, object] = IN) -> InferenceError:
     with pytest.raises(InferenceError) as info:
         model.infer(inputs)
     return info.value
@@ -481,7 +481,8 @@ def test_no_leftover_processes_or_shared_memory(repo_dir: Path) -> None:
         assert os.path.exists(pool_path)
     assert all(_gone(p) for p in pids if p is not None)
     assert not os.path.exists(pool_path)
-    assert not models[0].loaded and not models[1].loaded
+    assert not models[0].loaded
+    assert not models[1].loaded
 
 
 def test_stub_exits_when_parent_dies(run_python: object) -> None:
