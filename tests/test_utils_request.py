@@ -518,3 +518,23 @@ def test_make_request_parameters_dict_and_errors() -> None:
     with pytest.raises(ValueError) as e:  # noqa: PT011 - the text is compared exactly
         _context.make_request([], [], model_name="m", parameters="[1]")
     assert str(e.value) == "make_request(): parameters='[1]' is not a JSON object"
+
+
+def test_own_sender_is_one_object_across_threads() -> None:
+    import threading
+
+    r = _req()
+    got: list[pb_utils.InferenceResponseSender] = []
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        barrier.wait()
+        got.append(r.get_response_sender())
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(s) for s in got}) == 1
+    assert got[0] is r.get_response_sender()

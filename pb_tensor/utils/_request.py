@@ -54,6 +54,8 @@ class MemoryType(enum.IntEnum):
 TRITONSERVER_MEMORY_GPU: Final = MemoryType.TRITONSERVER_MEMORY_GPU
 TRITONSERVER_MEMORY_CPU: Final = MemoryType.TRITONSERVER_MEMORY_CPU
 
+_LAZY_LOCK: Final = threading.Lock()
+
 _DEFAULT_MEMORY: Final = 2  # upstream's kDefault: no preference (not exposed to Python)
 
 
@@ -126,7 +128,14 @@ class InferenceTrace:
         return f"InferenceTrace(context={self._context!r})"
 
 
+# Immutable defaults, shared by every request.
+_NO_PREFERENCE: Final = PreferredMemory._default()
+_NO_TRACE: Final = InferenceTrace()
+
+
 def _check_tensors(inputs: object, request_id: str, model_name: str) -> list[Tensor]:
+    if type(inputs) is list and all(type(t) is Tensor for t in inputs):
+        return list(inputs)  # the common case, without the ABC checks
     if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
         raise TypeError(
             f"InferenceRequest(): inputs must be a list of Tensor, got {type(inputs).__name__}"
@@ -146,6 +155,8 @@ def _check_tensors(inputs: object, request_id: str, model_name: str) -> list[Ten
 
 
 def _check_names(names: object, request_id: str, model_name: str) -> set[str]:
+    if type(names) is list and all(type(n) is str and n for n in names):
+        return set(names)  # the common case, without the ABC checks
     if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset)):
         raise TypeError(
             "InferenceRequest(): requested_output_names must be a list of str, got "
@@ -240,14 +251,14 @@ class InferenceRequest:
                 f"InferenceRequest(): model_name must be a str, got {type(model_name).__name__}"
             )
         if preferred_memory is None:
-            preferred_memory = PreferredMemory._default()
+            preferred_memory = _NO_PREFERENCE
         elif not isinstance(preferred_memory, PreferredMemory):
             raise TypeError(
                 "InferenceRequest(): preferred_memory must be a PreferredMemory, got "
                 f"{type(preferred_memory).__name__}"
             )
         if trace is None:
-            trace = InferenceTrace()
+            trace = _NO_TRACE
         elif not isinstance(trace, InferenceTrace):
             raise TypeError(
                 f"InferenceRequest(): trace must be an InferenceTrace, got {type(trace).__name__}"
@@ -266,10 +277,11 @@ class InferenceRequest:
         self._preferred_memory = preferred_memory
         self._trace = trace
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
-        self._cancelled = threading.Event()
-        # A request the model builds has a sender with no transaction policy: upstream's
-        # sender then refuses to send (it has no reference to the decoupled state).
-        self._sender = InferenceResponseSender(_refuse_send, self._cancelled.is_set, decoupled=None)
+        # A plain flag: one attribute store is atomic, and an Event would cost more than the
+        # rest of a request built for execute.
+        self._cancelled = False
+        # Made on first use: the runtime gives its requests their own.
+        self._sender: InferenceResponseSender | None = None
 
     # -- accessors --------------------------------------------------------------------------
 
@@ -329,12 +341,26 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled this request; a model may stop work early."""
-        return self._cancelled.is_set() or self._sender.is_cancelled()
+        return self._cancelled or (self._sender is not None and self._sender.is_cancelled())
 
     def get_response_sender(self) -> InferenceResponseSender:
         """The sender that delivers this request's responses (decoupled models; a
         non-decoupled model may send exactly one response through it)."""
-        return self._sender
+        sender = self._sender
+        if sender is None:
+            with _LAZY_LOCK:  # two threads asking at once must get the same sender
+                sender = self._sender
+                if sender is None:
+                    # A request the model builds (BLS) has a sender with no transaction
+                    # policy: upstream's sender then refuses to send (no reference to the
+                    # decoupled state).
+                    sender = self._sender = InferenceResponseSender(
+                        _refuse_send, self._is_flagged, decoupled=None
+                    )
+        return sender
+
+    def _is_flagged(self) -> bool:
+        return self._cancelled
 
     def set_release_flags(self, flags: int) -> None:
         """Tell the runtime how to release the request after ``execute``
@@ -499,7 +525,7 @@ def make_request(
 def cancel_request(request: InferenceRequest) -> None:
     """Mark ``request`` cancelled: ``is_cancelled()`` turns true (the runtime calls it when
     the client cancels)."""
-    request._cancelled.set()
+    request._cancelled = True
 
 
 def release_flags(request: InferenceRequest) -> int:
