@@ -27,7 +27,7 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL: Final = 1
 
 
 def _check_tensors(tensors: object, what: str, empty_message: str) -> list[Tensor]:
-    if type(tensors) in (list, tuple) and all(type(t) is Tensor for t in tensors):
+    if isinstance(tensors, (list, tuple)) and all(type(t) is Tensor for t in tensors):
         return list(tensors)  # the common case, without the ABC checks
     if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Sequence):
         raise TypeError(f"{what} must be a list of Tensor, got {type(tensors).__name__}")
