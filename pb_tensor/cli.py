@@ -166,7 +166,8 @@ def _demo_gpu(table: _Table) -> None:
 
 def _demo() -> int:
     table = _Table("pb-tensor demo: Triton's pb_utils.Tensor in pure Python")
-    for part in (_demo_numpy, _demo_torch, _demo_jax, _demo_bytes, _demo_errors, _demo_gpu):
+    for part in (_demo_numpy, _demo_torch, _demo_jax, _demo_bytes, _demo_errors, _demo_gpu,
+                 _demo_runtime):
         try:
             part(table)
         except Exception as exc:  # a demo row must report, not abort the tour
@@ -225,11 +226,29 @@ def _doctor() -> int:
     return 0
 
 
+def _demo_runtime(table: _Table) -> None:
+    try:
+        from pb_tensor.runtime._cli import demo_rows
+
+        rows = demo_rows()
+    except (ImportError, FileNotFoundError) as exc:
+        table.add("model runtime", _SKIP, f"{type(exc).__name__}: {exc}")
+        return
+    for step, ok, detail in rows:
+        table.check(step, ok, detail)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] in ("run", "check"):
+        from pb_tensor.runtime._cli import main as runtime_main
+
+        return runtime_main(args_list)
     parser = argparse.ArgumentParser(prog="pb-tensor", description=__doc__)
     parser.add_argument("command", nargs="?", default="demo", choices=["demo", "bench", "doctor"],
                         help="demo: a guided tour (default); bench: quick timings; doctor: "
-                             "what this machine has")
-    args = parser.parse_args(argv)
+                             "what this machine has; also 'run REPO MODEL ...' and "
+                             "'check REPO' (see 'run --help')")
+    args = parser.parse_args(args_list)
     return {"demo": _demo, "bench": _bench, "doctor": _doctor}[args.command]()

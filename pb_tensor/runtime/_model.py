@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from pb_tensor import Tensor
+from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
 from pb_tensor.runtime._engines import FINAL, Engine, Reply, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
@@ -35,8 +35,11 @@ BYTES outputs are ``object`` arrays of ``bytes``)."""
 ParameterValue = bool | int | str
 
 
-def to_tensor(name: str, value: InputValue) -> Tensor:
+def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
     """An input value as a ``Tensor`` named ``name`` (zero-copy where the value allows).
+
+    Plain Python values (numbers, lists) take ``dtype`` (the configured numpy type), as a
+    JSON request body does in Triton; arrays and tensors keep their own.
 
     Raises:
         TritonModelException: a dtype Triton has no type for.
@@ -51,6 +54,12 @@ def to_tensor(name: str, value: InputValue) -> Tensor:
         return Tensor.from_dlpack(name, value)
     else:
         array = np.asarray(value)
+        if (
+            dtype is not None
+            and array.dtype.kind in "biuf"
+            and np.can_cast(array.dtype, dtype, casting="same_kind")
+        ):
+            array = array.astype(dtype)
     if array.dtype.kind == "U" or (
         array.dtype.kind == "O" and any(isinstance(x, str) for x in array.flat)
     ):
@@ -109,7 +118,10 @@ class LoadedModel:
         self._engine: Engine | None = None
         self._lock = threading.RLock()
         self._busy_thread: int | None = None
-        self._restarts = 0
+        self._input_dtypes: dict[str, Any] = {}
+        for io in spec.inputs:
+            if io.dtype != TritonDtype.TYPE_BYTES:
+                self._input_dtypes[io.name] = triton_to_numpy_type(io.dtype)
 
     def _attach(self, engine: Engine) -> None:
         self._engine = engine
@@ -169,7 +181,7 @@ class LoadedModel:
         if not isinstance(inputs, Mapping):
             raise TypeError(f"inputs must be a mapping of names to values, not {type(inputs)}")
         return RequestData(
-            [to_tensor(n, v) for n, v in inputs.items()],
+            [to_tensor(n, v, self._input_dtypes.get(n)) for n, v in inputs.items()],
             list(requested_outputs or ()),
             request_id,
             correlation_id,
