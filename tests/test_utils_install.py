@@ -60,3 +60,17 @@ def test_install_writes_nothing(
     )
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "triton_python_backend_utils"
+
+
+def test_import_is_light(run_python: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    """Importing pb_tensor.utils pulls neither asyncio (only async_exec needs it) nor CUDA."""
+    result = run_python(
+        """
+        import sys
+        import pb_tensor.utils
+        print(sorted(m for m in ("asyncio", "pb_tensor.cuda", "pb_tensor.runtime")
+                     if m in sys.modules))
+        """
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

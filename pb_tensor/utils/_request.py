@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import json
 import threading
@@ -426,6 +425,8 @@ class InferenceRequest:
             raise TypeError(
                 f"async_exec(): decoupled must be a bool, got {type(decoupled).__name__}"
             )
+        import asyncio  # here: asyncio costs more to import than the rest of pb_tensor.utils
+
         loop = asyncio.get_running_loop()
         # The executor thread does not inherit this context: resolve the backend here.
         backend = get_backend()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import types
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -203,6 +203,44 @@ def test_typed_model_runs() -> None:
     _context.reset_metrics()
     with pytest.raises(pb_utils.TritonModelException):
         asyncio.run(_bls_outside_runtime(ok))
+
+
+class _Backend:
+    """A runtime's backend: must satisfy the seam's ModelBackend protocol statically."""
+
+    def exec_request(
+        self, request: pb_utils.InferenceRequest, *, decoupled: bool, timeout_us: int | None
+    ) -> pb_utils.InferenceResponse | Iterator[pb_utils.InferenceResponse]:
+        return pb_utils.InferenceResponse()
+
+    def is_model_decoupled(self) -> bool:
+        return False
+
+    def model_name(self) -> str:
+        return "m"
+
+    def model_dir(self) -> str:
+        return "."
+
+    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
+        return None
+
+    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
+        return None
+
+    def is_model_ready(self, model_name: str, model_version: str) -> bool:
+        return True
+
+
+def test_backend_protocol() -> None:
+    backend: _context.ModelBackend = _Backend()
+    previous = _context.set_backend(backend)
+    try:
+        assert_type(_context.get_backend(), _context.ModelBackend)
+        request = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+        assert not request.exec().has_error()
+    finally:
+        _context.set_backend(previous)
 
 
 async def _bls_outside_runtime(request: pb_utils.InferenceRequest) -> None:
