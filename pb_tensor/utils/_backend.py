@@ -69,7 +69,8 @@ class ModelBackend(Protocol):
         ...
 
     def model_dir(self) -> str:
-        """``pb_utils.get_model_dir()``: the model's directory (``<repo>/<model>``)."""
+        """``pb_utils.get_model_dir()``: the folder of the served ``model.py``, as Triton
+        gives it: ``<repo>/<model>/<version>``."""
         ...
 
     def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:

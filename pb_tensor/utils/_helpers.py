@@ -42,7 +42,8 @@ def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) 
 
 
 def get_model_dir() -> str:
-    """The directory of the model being served (``<repository>/<model>``).
+    """The folder of the served model's ``model.py``: ``<repository>/<model>/<version>``, as
+    Triton gives it.
 
     Raises:
         TritonModelException: no runtime serves a model here.
