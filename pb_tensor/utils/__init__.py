@@ -46,20 +46,22 @@ from pb_tensor.utils._logger import Logger, LogLevel
 from pb_tensor.utils._metrics import Metric, MetricFamily, MetricKind
 from pb_tensor.utils._params import ParameterValue
 from pb_tensor.utils._request import (
-    TRITONSERVER_MEMORY_CPU,
-    TRITONSERVER_MEMORY_GPU,
     TRITONSERVER_REQUEST_RELEASE_ALL,
     TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     InferenceRequest,
-    InferenceTrace,
-    MemoryType,
-    PreferredMemory,
 )
 from pb_tensor.utils._response import (
     TRITONSERVER_RESPONSE_COMPLETE_FINAL,
     InferenceResponse,
     InferenceResponseSender,
     ResponseIterator,
+)
+from pb_tensor.utils._types import (
+    TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_MEMORY_GPU,
+    InferenceTrace,
+    MemoryType,
+    PreferredMemory,
 )
 
 __all__ = [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import enum
 import json
 import threading
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
@@ -17,16 +16,22 @@ from pb_tensor.utils._response import (
     InferenceResponseSender,
     ResponseIterator,
 )
+from pb_tensor.utils._types import (
+    INT64_MAX,
+    INT64_MIN,
+    NO_PREFERENCE,
+    NO_TRACE,
+    UINT32_MAX,
+    UINT64_MAX,
+    InferenceTrace,
+    PreferredMemory,
+    check_int,
+)
 
 __all__ = [
-    "TRITONSERVER_MEMORY_CPU",
-    "TRITONSERVER_MEMORY_GPU",
     "TRITONSERVER_REQUEST_RELEASE_ALL",
     "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "InferenceRequest",
-    "InferenceTrace",
-    "MemoryType",
-    "PreferredMemory",
     "cancel_request",
     "make_request",
     "release_flags",
@@ -35,101 +40,7 @@ __all__ = [
 TRITONSERVER_REQUEST_RELEASE_ALL: Final = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: Final = 2
 
-_UINT32_MAX: Final = 2**32 - 1
-_UINT64_MAX: Final = 2**64 - 1
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
-
-
-class MemoryType(enum.IntEnum):
-    """Upstream's ``c_python_backend_utils.MemoryType``: the kinds a BLS caller may prefer for
-    its outputs. Not ``pb_tensor.MemoryType`` (``TRITONSERVER_MemoryType``): upstream numbers
-    these differently (GPU is 0 here), and ``pb_utils.TRITONSERVER_MEMORY_CPU`` is this one."""
-
-    TRITONSERVER_MEMORY_GPU = 0
-    TRITONSERVER_MEMORY_CPU = 1
-
-
-TRITONSERVER_MEMORY_GPU: Final = MemoryType.TRITONSERVER_MEMORY_GPU
-TRITONSERVER_MEMORY_CPU: Final = MemoryType.TRITONSERVER_MEMORY_CPU
-
 _LAZY_LOCK: Final = threading.Lock()
-
-_DEFAULT_MEMORY: Final = 2  # upstream's kDefault: no preference (not exposed to Python)
-
-
-def _check_int(value: object, what: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
-    if not low <= value <= high:
-        raise TypeError(f"{what}={value!r} is out of range [{low}, {high}]")
-    return value
-
-
-class PreferredMemory:
-    """Where a BLS caller prefers its output tensors:
-    ``PreferredMemory(preferred_memory_type, preferred_device_id=0)``.
-
-    Raises:
-        TypeError: the type is not a ``MemoryType`` value or the device id not an int64.
-    """
-
-    __slots__ = ("_device_id", "_type")
-
-    def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
-        if not isinstance(preferred_memory_type, MemoryType):
-            raise TypeError(
-                "PreferredMemory(): preferred_memory_type must be "
-                "pb_utils.TRITONSERVER_MEMORY_GPU or pb_utils.TRITONSERVER_MEMORY_CPU, got "
-                f"{preferred_memory_type!r}"
-            )
-        self._type: int = int(preferred_memory_type)
-        self._device_id = _check_int(
-            preferred_device_id, "PreferredMemory(): preferred_device_id", _INT64_MIN, _INT64_MAX
-        )
-
-    @classmethod
-    def _default(cls) -> PreferredMemory:
-        self = cls.__new__(cls)
-        self._type = _DEFAULT_MEMORY
-        self._device_id = 0
-        return self
-
-    @property
-    def preferred_memory_type(self) -> MemoryType | None:
-        """The preferred kind, or None for the default (no preference). Typed extra."""
-        return None if self._type == _DEFAULT_MEMORY else MemoryType(self._type)
-
-    @property
-    def preferred_device_id(self) -> int:
-        """The preferred device id. Typed extra."""
-        return self._device_id
-
-    def __repr__(self) -> str:
-        kind = self.preferred_memory_type
-        return f"PreferredMemory({'default' if kind is None else kind.name}, {self._device_id})"
-
-
-class InferenceTrace:
-    """The trace a request belongs to (``request.trace()``). Tracing is not recorded here:
-    ``get_context()`` gives the trace context text or None."""
-
-    __slots__ = ("_context",)
-
-    def __init__(self, context: str = "") -> None:
-        self._context = context
-
-    def get_context(self) -> str | None:
-        """The trace context (W3C/OpenTelemetry propagation text), or None when empty."""
-        return self._context or None
-
-    def __repr__(self) -> str:
-        return f"InferenceTrace(context={self._context!r})"
-
-
-# Immutable defaults, shared by every request.
-_NO_PREFERENCE: Final = PreferredMemory._default()
-_NO_TRACE: Final = InferenceTrace()
 
 
 def _check_tensors(inputs: object, request_id: str, model_name: str) -> list[Tensor]:
@@ -184,7 +95,7 @@ def _check_correlation_id(value: object) -> int | str:
     if isinstance(value, str):
         return value
     if isinstance(value, int):  # bool included, as pybind's int check accepts it
-        return _check_int(int(value), "InferenceRequest(): correlation_id", 0, _UINT64_MAX)
+        return check_int(int(value), "InferenceRequest(): correlation_id", 0, UINT64_MAX)
     raise TritonModelException("Correlation ID must be integer or string")
 
 
@@ -250,23 +161,23 @@ class InferenceRequest:
                 f"InferenceRequest(): model_name must be a str, got {type(model_name).__name__}"
             )
         if preferred_memory is None:
-            preferred_memory = _NO_PREFERENCE
+            preferred_memory = NO_PREFERENCE
         elif not isinstance(preferred_memory, PreferredMemory):
             raise TypeError(
                 "InferenceRequest(): preferred_memory must be a PreferredMemory, got "
                 f"{type(preferred_memory).__name__}"
             )
         if trace is None:
-            trace = _NO_TRACE
+            trace = NO_TRACE
         elif not isinstance(trace, InferenceTrace):
             raise TypeError(
                 f"InferenceRequest(): trace must be an InferenceTrace, got {type(trace).__name__}"
             )
-        self._model_version = _check_int(
-            model_version, "InferenceRequest(): model_version", _INT64_MIN, _INT64_MAX
+        self._model_version = check_int(
+            model_version, "InferenceRequest(): model_version", INT64_MIN, INT64_MAX
         )
-        self._flags = _check_int(flags, "InferenceRequest(): flags", 0, _UINT32_MAX)
-        self._timeout = _check_int(timeout, "InferenceRequest(): timeout", 0, _UINT64_MAX)
+        self._flags = check_int(flags, "InferenceRequest(): flags", 0, UINT32_MAX)
+        self._timeout = check_int(timeout, "InferenceRequest(): timeout", 0, UINT64_MAX)
         self._parameters = parameters_to_json(parameters)
         self._correlation_id = _check_correlation_id(correlation_id)
         self._inputs = _check_tensors(inputs, request_id, model_name)
@@ -312,7 +223,7 @@ class InferenceRequest:
         Raises:
             TypeError: ``flags`` is not an int in the uint32 range.
         """
-        self._flags = _check_int(flags, "set_flags(): flags", 0, _UINT32_MAX)
+        self._flags = check_int(flags, "set_flags(): flags", 0, UINT32_MAX)
 
     def timeout(self) -> int:
         """The request timeout in microseconds (0: none)."""
@@ -368,7 +279,7 @@ class InferenceRequest:
         Raises:
             TypeError: ``flags`` is not an int in the uint32 range.
         """
-        self._release_flags = _check_int(flags, "set_release_flags(): flags", 0, _UINT32_MAX)
+        self._release_flags = check_int(flags, "set_release_flags(): flags", 0, UINT32_MAX)
 
     # -- BLS ---------------------------------------------------------------------------------
 
