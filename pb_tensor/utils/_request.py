@@ -358,8 +358,11 @@ class InferenceRequest:
 
 
 def _refuse_send(response: InferenceResponse | None, flags: int) -> None:
-    # Unreachable: a sender without a transaction policy refuses before calling this.
-    raise TritonModelException("Unable to send response. Response sender has been closed.")
+    # Never reached (a sender without a transaction policy refuses first); kept honest anyway.
+    raise TritonModelException(
+        "Unable to send response. Response sender has no reference to the decoupled state of "
+        "the model."
+    )
 
 
 def _run(
@@ -409,7 +412,9 @@ def make_request(
             ``parameters`` is text that is not a JSON object.
     """
     as_text: str | None = None
-    if isinstance(parameters, str):
+    if parameters == "{}":
+        parameters = None  # what Triton hands over for a request without parameters
+    elif isinstance(parameters, str):
         decoded = json.loads(parameters)
         if not isinstance(decoded, dict):
             raise ValueError(f"make_request(): {parameters=!r} is not a JSON object")
