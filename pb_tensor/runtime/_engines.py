@@ -18,7 +18,7 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -55,20 +55,18 @@ class Reply:
     has_response: bool
 
 
-@dataclass
 class Tracker:
     """Finishes a batch as Triton does: each request ends with its final flag; requests of a
     failed ``execute`` end with its error; a non-decoupled request that got no response ends
     when ``execute`` returns."""
 
-    size: int
-    decoupled: bool
-    instance_name: str
-    pending: set[int] = field(default_factory=set)
-    returned: bool = False
+    __slots__ = ("decoupled", "instance_name", "pending", "returned")
 
-    def __post_init__(self) -> None:
-        self.pending = set(range(self.size))
+    def __init__(self, size: int, decoupled: bool, instance_name: str) -> None:
+        self.decoupled = decoupled
+        self.instance_name = instance_name
+        self.pending = set(range(size))
+        self.returned = False
 
     @property
     def finished(self) -> bool:
@@ -83,6 +81,8 @@ class Tracker:
 
     def done(self, error: str | None) -> list[Reply]:
         self.returned = True
+        if not self.pending:
+            return []
         if error is not None:
             return self.fail(InferenceError(error, TritonError.INTERNAL))
         if self.decoupled:
@@ -120,6 +120,10 @@ def _reply_from(index: int, response: InferenceResponse | None, flags: int) -> R
     return Reply(index, response.output_tensors(), error, response.parameters(), flags, True)
 
 
+def _never_cancelled(index: int) -> bool:
+    return False
+
+
 class InProcessEngine:
     """The model runs in this process, in the calling thread (``isolated=False``).
 
@@ -136,13 +140,25 @@ class InProcessEngine:
         return None
 
     def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
+        info = self.host.info
+        tracker = Tracker(len(batch), info.decoupled, info.instance_name)
+        if not info.decoupled:
+            # Every response arrives before execute returns: a list is enough.
+            sent: list[tuple[int, InferenceResponse | None, int]] = []
+            requests = self.host.build_requests(
+                batch, lambda i, r, f: sent.append((i, r, f)), _never_cancelled
+            )
+            error = self.host.execute(requests)
+            for item in sent:
+                yield from tracker.reply(_reply_from(*item))
+            yield from tracker.done(error)
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         events: queue.SimpleQueue[tuple[int, InferenceResponse | None, int]] = (
             queue.SimpleQueue()
         )
-        tracker = Tracker(len(batch), self.host.info.decoupled, self.host.info.instance_name)
         requests = self.host.build_requests(
-            batch, lambda i, r, f: events.put((i, r, f)), lambda i: False
+            batch, lambda i, r, f: events.put((i, r, f)), _never_cancelled
         )
         error = self.host.execute(requests)
         while True:
@@ -162,7 +178,7 @@ class InProcessEngine:
                 yield from tracker.fail(
                     InferenceError(
                         f"Failed to process the request(s) for model instance "
-                        f"'{self.host.info.instance_name}', message: no final response within "
+                        f"'{info.instance_name}', message: no final response within "
                         f"the timeout of {timeout} s",
                         TritonError.UNAVAILABLE,
                     )

@@ -264,7 +264,7 @@ class ModelHost:
                     correlation_id=data.correlation_id,
                     flags=data.flags,
                     timeout=data.timeout_us,
-                    parameters=data.parameters,
+                    parameters=None if data.parameters == "{}" else data.parameters,
                     sender=sender,
                 )
             )

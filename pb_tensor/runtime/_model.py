@@ -44,6 +44,8 @@ def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
     Raises:
         TritonModelException: a dtype Triton has no type for.
     """
+    if type(value) is np.ndarray and value.dtype.kind in "biuf":
+        return Tensor(name, value)  # the common case, first
     if isinstance(value, Tensor):
         if value.name() == name:
             return value
@@ -186,7 +188,7 @@ class LoadedModel:
             request_id,
             correlation_id,
             flags,
-            json.dumps(dict(parameters or {})),
+            json.dumps(dict(parameters)) if parameters else "{}",
         )
 
     def _replies(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:

@@ -1,10 +1,10 @@
 """The stub process: runs one model instance, as Triton's ``triton_python_backend_stub`` does.
 
 Started as ``python -m pb_tensor.runtime._stub FD POOL``: ``FD`` is this end of the control
-socket, ``POOL`` the shared-memory pool tensors travel through. A reader thread receives
-every message (loading the tensors it carries at once, see :mod:`._channel`); the main thread
-runs the commands one at a time. The stub exits when the runtime closes the channel or asks
-it to finalize.
+socket, ``POOL`` the shared-memory pool tensors travel through. Messages are read by the
+thread that waits for one (loading the tensors they carry at once, see :mod:`._channel`); the
+main thread runs the commands one at a time. The stub exits when the runtime closes the
+channel or asks it to finalize.
 """
 
 from __future__ import annotations
@@ -114,33 +114,89 @@ class _Stub:
         self.waiters_lock = threading.Lock()
         self.call_ids = itertools.count(1)
         self.cancelled: set[int] = set()
+        self.reader = threading.Lock()
+        self.executing = threading.Event()
+        self.closed = False
         self.name = ""
         self.cls: type | None = None
         self.info: HostInfo | None = None
         self.host: ModelHost | None = None
         self.backend = _StubBackend(self)
 
-    # -- reader thread ------------------------------------------------------------------------
-    def read_forever(self) -> None:
+    # -- receiving ----------------------------------------------------------------------------
+    # Whoever waits for a message reads the channel itself (one reader at a time) and hands
+    # what is not for it to its addressee: the common case (the main thread waiting for the
+    # next command) costs no thread switch. While ``execute`` runs, a watcher thread reads
+    # messages nobody waits for (cancellations) as soon as they arrive.
+    def _dispatch(self, message: Message | None) -> None:
+        if message is None:
+            self.closed = True
+            self.commands.put(None)
+            with self.waiters_lock:
+                for waiter in self.waiters.values():
+                    waiter.put(None)
+            return
+        kind = message[0]
+        if kind in ("bls_reply", "control_reply"):
+            with self.waiters_lock:
+                box = self.waiters.get(message[2][0])
+            if box is not None:
+                box.put(message)
+        elif kind == "cancel":
+            self.cancelled.add(int(message[2]))
+        else:
+            self.commands.put(message)
+
+    def _read_one(self) -> None:
+        """Read one message (the caller holds the reader role) and dispatch it."""
         try:
-            while True:
-                message = self.channel.recv()
-                kind = message[0]
-                if kind in ("bls_reply", "control_reply"):
-                    with self.waiters_lock:
-                        waiter = self.waiters.get(message[2][0])
-                    if waiter is not None:
-                        waiter.put(message)
-                elif kind == "cancel":
-                    self.cancelled.add(int(message[2]))
-                else:
-                    self.commands.put(message)
+            message: Message | None = self.channel.recv()
         except ChannelClosed:
-            pass
-        self.commands.put(None)
-        with self.waiters_lock:
-            for waiter in self.waiters.values():
-                waiter.put(None)
+            message = None
+        self._dispatch(message)
+
+    def receive(self, box: queue.SimpleQueue[Message | None]) -> Message | None:
+        """The next message for ``box`` (None once the runtime is gone)."""
+        while True:
+            try:
+                return box.get_nowait()
+            except queue.Empty:
+                pass
+            if self.closed:
+                return None
+            if self.reader.acquire(blocking=False):
+                try:
+                    try:
+                        return box.get_nowait()
+                    except queue.Empty:
+                        pass
+                    self._read_one()
+                finally:
+                    self.reader.release()
+            else:
+                try:
+                    return box.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+
+    def is_closed(self) -> bool:
+        """Whether the runtime went away (set by another thread)."""
+        return self.closed
+
+    def watch(self) -> None:
+        """Watcher thread: during ``execute``, read messages as they arrive."""
+        while not self.closed:
+            self.executing.wait()
+            if self.is_closed():
+                return
+            if not self.channel.poll(0.05) or not self.executing.is_set():
+                continue
+            if self.reader.acquire(blocking=False):
+                try:
+                    if self.executing.is_set() and self.channel.poll(0):
+                        self._read_one()
+                finally:
+                    self.reader.release()
 
     # -- calls to the runtime -----------------------------------------------------------------
     def _waiter(self) -> tuple[int, queue.SimpleQueue[Message | None]]:
@@ -158,7 +214,7 @@ class _Stub:
         call_id, waiter = self._waiter()
         try:
             self.channel.send(kind, (call_id, body))
-            message = waiter.get()
+            message = self.receive(waiter)
         finally:
             self._done(call_id)
         if message is None:
@@ -192,7 +248,7 @@ class _Stub:
     ) -> Iterator[InferenceResponse]:
         try:
             while True:
-                message = waiter.get()
+                message = self.receive(waiter)
                 if message is None:
                     yield InferenceResponse(
                         error=TritonError("the runtime went away during a BLS request")
@@ -209,7 +265,7 @@ class _Stub:
     # -- commands ------------------------------------------------------------------------------
     def run(self) -> None:
         while True:
-            message = self.commands.get()
+            message = self.receive(self.commands)
             if message is None:
                 return
             kind, tensors, body = message
@@ -272,7 +328,11 @@ class _Stub:
             at += count
         self.cancelled.clear()
         requests = host.build_requests(batch, self.send_response, self.cancelled.__contains__)
-        error = host.execute(requests)
+        self.executing.set()
+        try:
+            error = host.execute(requests)
+        finally:
+            self.executing.clear()
         self.channel.send("done", error)
 
     def send_response(self, index: int, response: InferenceResponse | None, flags: int) -> None:
@@ -312,13 +372,15 @@ def main(argv: list[str] | None = None) -> int:
     logger = logging.getLogger("pb_tensor.runtime")
     logger.addHandler(handler)
     logger.propagate = False
-    reader = threading.Thread(target=stub.read_forever, name="pb-tensor-stub-reader", daemon=True)
-    reader.start()
+    watcher = threading.Thread(target=stub.watch, name="pb-tensor-stub-watcher", daemon=True)
+    watcher.start()
     try:
         stub.run()
     except ChannelClosed:
         pass
     finally:
+        stub.closed = True
+        stub.executing.set()  # let the watcher see the end
         logger.removeHandler(handler)
         channel.release_all()
         sys.stdout.flush()
