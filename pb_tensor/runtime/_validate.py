@@ -55,10 +55,47 @@ class ModelSpec:
             tuple(io(m, False) for m in config.output),
         )
 
+    def __post_init__(self) -> None:
+        # The success path of validate_request reads only these.
+        table = {i.name: (i.dtype, i.dims) for i in self.inputs}
+        object.__setattr__(self, "_table", table)
+        object.__setattr__(self, "_all_required", not any(i.optional for i in self.inputs))
+        object.__setattr__(self, "_outputs", [o.name for o in self.outputs])
+
     @property
     def output_names(self) -> list[str]:
         """Configured output names, in order."""
-        return [o.name for o in self.outputs]
+        return list(self._outputs)  # type: ignore[attr-defined]
+
+
+def _quick_ok(spec: ModelSpec, inputs: Sequence[Tensor]) -> bool:
+    """Whether the request is valid, decided cheaply; False also when unsure (the full check
+    then finds the error, or accepts)."""
+    table: dict[str, tuple[TritonDtype, tuple[int, ...]]] = spec._table  # type: ignore[attr-defined]
+    if not spec._all_required or len(inputs) != len(table):  # type: ignore[attr-defined]
+        return False
+    batching = spec.max_batch_size > 0
+    batch = -1
+    seen = set()
+    for t in inputs:
+        name = t.name()
+        entry = table.get(name)
+        if entry is None or name in seen or t.triton_dtype() != entry[0]:
+            return False
+        seen.add(name)
+        shape = t.shape()
+        if batching:
+            if not shape or (batch >= 0 and shape[0] != batch):
+                return False
+            batch = shape[0]
+            shape = shape[1:]
+        dims = entry[1]
+        if len(shape) != len(dims):
+            return False
+        for want, have in zip(dims, shape):
+            if want not in (_WILDCARD, have):
+                return False
+    return batch <= spec.max_batch_size
 
 
 def _dims(dims: Sequence[int]) -> str:
@@ -85,6 +122,8 @@ def validate_request(
             not match the configuration.
     """
     model = spec.name
+    if not requested_outputs and _quick_ok(spec, inputs):
+        return spec.output_names
     if requested_outputs is None or len(requested_outputs) == 0:
         wanted = spec.output_names
     else:
