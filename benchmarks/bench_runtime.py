@@ -9,7 +9,8 @@ Targets (issue 11):
 * requests per second for a stream of add_sub requests, isolated and in-process (reported).
 
 Usage: ``python benchmarks/bench_runtime.py [--quick]``. Medians of repeated runs; ratios are
-computed within the run, so machine speed cancels out.
+computed within the run from interleaved rounds, so machine speed and load changes cancel
+out.
 """
 
 from __future__ import annotations
@@ -38,23 +39,37 @@ from pb_tensor.utils._context import make_request  # noqa: E402
 EXAMPLES = os.path.join(ROOT, "examples", "model_repository")
 
 
-def _median_us(fn: Callable[[], object], repeat: int, min_time: float) -> float:
-    """Median per-call time in microseconds over ``repeat`` timed batches."""
+def _calls_for(fn: Callable[[], object], min_time: float) -> int:
     number = 1
     while True:
         start = time.perf_counter()
         for _ in range(number):
             fn()
         if time.perf_counter() - start >= min_time:
-            break
+            return number
         number *= 2
-    runs = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - start) / number * 1e6)
-    return statistics.median(runs)
+
+
+def _per_call_us(fn: Callable[[], object], number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number * 1e6
+
+
+def _paired_us(
+    base: Callable[[], object], ours: Callable[[], object], repeat: int, min_time: float
+) -> tuple[float, float, float]:
+    """Medians of (baseline us, ours us, ours/baseline) over ``repeat`` interleaved rounds:
+    each round times both back to back, so load changes on a shared machine hit both."""
+    n_base = _calls_for(base, min_time)
+    n_ours = _calls_for(ours, min_time)
+    rounds = [(_per_call_us(base, n_base), _per_call_us(ours, n_ours)) for _ in range(repeat)]
+    return (
+        statistics.median(b for b, _ in rounds),
+        statistics.median(o for _, o in rounds),
+        statistics.median(o / b for b, o in rounds),
+    )
 
 
 def _echo_server(conn: Connection) -> None:
@@ -104,10 +119,16 @@ def main() -> int:
         direct.initialize({"model_config": __import__("json").dumps(model.config)})
         requests = [make_request([Tensor("INPUT0", a16), Tensor("INPUT1", b16)],
                                  ["OUTPUT0", "OUTPUT1"], model_name="add_sub")]
-        direct_us = _median_us(lambda: direct.execute(requests), repeat, min_time)
-        inproc_us = _median_us(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), repeat,
-                               min_time)
-        overhead = inproc_us - direct_us
+        n_direct = _calls_for(lambda: direct.execute(requests), min_time)
+        n_infer = _calls_for(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), min_time)
+        rounds = []
+        for _ in range(repeat):
+            d = _per_call_us(lambda: direct.execute(requests), n_direct)
+            i = _per_call_us(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), n_infer)
+            rounds.append((d, i, i - d))
+        direct_us = statistics.median(r[0] for r in rounds)
+        inproc_us = statistics.median(r[1] for r in rounds)
+        overhead = statistics.median(r[2] for r in rounds)
         lines.append("in-process infer, add_sub, two (16,) float32 inputs")
         report("  execute() called directly with prebuilt requests", f"{direct_us:9.1f} us")
         report("  LoadedModel.infer (in-process)", f"{inproc_us:9.1f} us")
@@ -147,13 +168,12 @@ def main() -> int:
                 np.testing.assert_array_equal(check["OUTPUT0"], a + b)
                 del check
                 t = min_time if count < 1 << 20 else 0.0
-                pipe_us = _median_us(pipe_call, rep, t)
-                iso_us = _median_us(iso_call, rep, t)
+                pipe_us, iso_us, ratio = _paired_us(pipe_call, iso_call, rep, t)
                 lines.append(f"isolated infer, add_sub, two {label} float32 inputs")
                 report("  multiprocessing.Pipe round trip, pickled in and out",
                        f"{pipe_us:9.1f} us")
                 report(f"  LoadedModel.infer (stub process) (target <= {target}x)",
-                       f"{iso_us:9.1f} us", iso_us / pipe_us, target)
+                       f"{iso_us:9.1f} us", ratio, target)
             start = time.perf_counter()
             for _ in range(n_stream):
                 iso.infer({"INPUT0": a16, "INPUT1": b16})

@@ -366,7 +366,9 @@ class StubEngine:
                         Reply(index, out, err, parameters, flags, has_response)
                     )
                 elif kind == "done":
-                    yield from tracker.done(msg)
+                    for reply in _batched(msg[1], out):
+                        yield from tracker.reply(reply)
+                    yield from tracker.done(msg[0])
                 else:
                     self._handler(self, kind, out, msg)
         except ChannelClosed:
@@ -408,7 +410,9 @@ class StubEngine:
                 if kind == "response":
                     tracker.reply(Reply(msg[0], out, None, msg[2], msg[3], msg[4]))
                 elif kind == "done":
-                    tracker.done(msg)
+                    for reply in _batched(msg[1], out):
+                        tracker.reply(reply)
+                    tracker.done(msg[0])
                 else:
                     self._handler(self, kind, out, msg)
         except (ChannelClosed, TimeoutError):
@@ -449,6 +453,15 @@ class StubEngine:
                 pass
         self.kill()
         return error
+
+
+def _batched(replies: list[tuple[Any, ...]], tensors: list[Tensor]) -> Iterator[Reply]:
+    """The responses a "done" message carries, each with its share of the tensors."""
+    at = 0
+    for index, error, parameters, flags, has_response, count in replies:
+        err = None if error is None else InferenceError(error[0], error[1])
+        yield Reply(index, tensors[at : at + count], err, parameters, flags, has_response)
+        at += count
 
 
 def _emit(body: dict[str, Any], pid: int | None) -> None:

@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pb_tensor import Tensor
+from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._channel import Channel, ChannelClosed, Message
 from pb_tensor.runtime._host import (
     HostInfo,
@@ -221,8 +222,6 @@ class _Stub:
             raise ChannelClosed("the runtime went away")
         _, ok, result = message[2]
         if not ok:
-            from pb_tensor.errors import TritonModelException
-
             raise TritonModelException(result)
         return result
 
@@ -316,7 +315,7 @@ class _Stub:
     def execute(self, tensors: list[Tensor], body: list[tuple[Any, ...]]) -> None:
         host = self.host
         if host is None:
-            self.channel.send("done", "the model is not initialized")
+            self.channel.send("done", ("the model is not initialized", []))
             return
         batch = []
         at = 0
@@ -327,13 +326,33 @@ class _Stub:
             )  # fmt: skip
             at += count
         self.cancelled.clear()
-        requests = host.build_requests(batch, self.send_response, self.cancelled.__contains__)
+        decoupled = host.info.decoupled
+        # A non-decoupled model's responses all exist when execute returns: they travel with
+        # the "done" message (one message per batch instead of one per response).
+        held: list[tuple[int, InferenceResponse | None, int]] = []
+        sink = self.send_response if decoupled else (lambda i, r, f: held.append((i, r, f)))
+        requests = host.build_requests(batch, sink, self.cancelled.__contains__)
         self.executing.set()
         try:
             error = host.execute(requests)
         finally:
             self.executing.clear()
-        self.channel.send("done", error)
+        replies: list[tuple[int, tuple[str, int] | None, str, int, bool, int]] = []
+        outputs: list[Tensor] = []
+        for index, response, flags in held:
+            if response is None:
+                replies.append((index, None, "{}", flags, False, 0))
+                continue
+            err = response.error()
+            tensors_out = response.output_tensors()
+            replies.append((index, None if err is None else (err.message(), int(err.code())),
+                            response.parameters(), flags, True, len(tensors_out)))
+            outputs.extend(tensors_out)
+        try:
+            self.channel.send("done", (error, replies), outputs)
+        except TritonModelException as exc:  # the pool cannot hold the outputs
+            self.channel.send("done", (f"Failed to process the request(s) for model "
+                                       f"'{host.info.instance_name}', message: {exc}", []))
 
     def send_response(self, index: int, response: InferenceResponse | None, flags: int) -> None:
         if response is None:
