@@ -135,6 +135,25 @@ MODELS: dict[str, str] = {
                     out.append(ok(r, np.array(got, dtype=np.int32)))
                 return out
     """,
+    "identity": """
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [ok(r) for r in requests]
+    """,
+    "bls_async": """
+        class TritonPythonModel:
+            async def execute(self, requests):
+                out = []
+                for r in requests:
+                    response = await pb_utils.InferenceRequest(
+                        model_name="identity", requested_output_names=["OUT"],
+                        inputs=[pb_utils.get_input_tensor_by_name(r, "IN")]).async_exec()
+                    ready = pb_utils.is_model_ready("identity")
+                    extra = np.array([int(ready)], dtype=np.int32)
+                    out.append(ok(r, np.concatenate([
+                        pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy(), extra])))
+                return out
+    """,
     "finalize_marker": """
         class TritonPythonModel:
             def initialize(self, args):
@@ -349,6 +368,12 @@ def test_bls_decoupled_target(repo: tuple[ModelRepository, bool]) -> None:
     with _load(repo, "bls_stream") as model:
         out = model.infer({"IN": np.array([4], dtype=np.int32)})
         assert out["OUT"].tolist() == [0, 1, 2, 3]
+
+
+def test_bls_async_exec_and_model_ready(repo: tuple[ModelRepository, bool]) -> None:
+    with _load(repo, "bls_async") as model:
+        out = model.infer({"IN": np.array([3, 4], dtype=np.int32)})
+        assert out["OUT"].tolist() == [3, 4, 1]
 
 
 def test_finalize_called_on_unload(repo: tuple[ModelRepository, bool], repo_dir: Path) -> None:

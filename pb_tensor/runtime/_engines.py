@@ -157,34 +157,51 @@ class InProcessEngine:
         events: queue.SimpleQueue[tuple[int, InferenceResponse | None, int]] = (
             queue.SimpleQueue()
         )
+        cancelled: set[int] = set()
         requests = self.host.build_requests(
-            batch, lambda i, r, f: events.put((i, r, f)), _never_cancelled
+            batch, lambda i, r, f: events.put((i, r, f)), cancelled.__contains__
         )
         error = self.host.execute(requests)
-        while True:
-            try:
-                item = events.get_nowait()
-            except queue.Empty:
-                break
-            yield from tracker.reply(_reply_from(*item))
-        yield from tracker.done(error)
-        while not tracker.finished:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            try:
-                if remaining is not None and remaining <= 0:
-                    raise queue.Empty
-                item = events.get(timeout=remaining)
-            except queue.Empty:
-                yield from tracker.fail(
-                    InferenceError(
-                        f"Failed to process the request(s) for model instance "
-                        f"'{info.instance_name}', message: no final response within "
-                        f"the timeout of {timeout} s",
-                        TritonError.UNAVAILABLE,
+        try:
+            while True:
+                try:
+                    item = events.get_nowait()
+                except queue.Empty:
+                    break
+                yield from tracker.reply(_reply_from(*item))
+            yield from tracker.done(error)
+            while not tracker.finished:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                try:
+                    if remaining is not None and remaining <= 0:
+                        raise queue.Empty
+                    item = events.get(timeout=remaining)
+                except queue.Empty:
+                    cancelled.update(tracker.pending)
+                    yield from tracker.fail(
+                        InferenceError(
+                            f"Failed to process the request(s) for model instance "
+                            f"'{info.instance_name}', message: no final response within "
+                            f"the timeout of {timeout} s",
+                            TritonError.UNAVAILABLE,
+                        )
                     )
-                )
-                return
-            yield from tracker.reply(_reply_from(*item))
+                    return
+                yield from tracker.reply(_reply_from(*item))
+        finally:
+            if not tracker.finished:
+                # The caller stopped reading early: cancel, and give the model a moment to
+                # send its final flags (their responses are dropped).
+                cancelled.update(tracker.pending)
+                if not tracker.returned:
+                    tracker.done(error)
+                end = time.monotonic() + 10.0
+                while not tracker.finished and time.monotonic() < end:
+                    try:
+                        item = events.get(timeout=max(0.0, end - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    tracker.reply(_reply_from(*item))
 
     def metrics(self) -> dict[str, Any]:
         from pb_tensor.runtime._seam import metric_snapshot
