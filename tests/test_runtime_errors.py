@@ -510,6 +510,40 @@ def test_no_leftover_processes_or_shared_memory(repo_dir: Path) -> None:
     assert not models[1].loaded
 
 
+def test_pool_records_are_released(repo_dir: Path) -> None:
+    """Records of finished requests (inputs, outputs, BLS traffic) go back to the pool."""
+    with ModelRepository(repo_dir) as r, r.load("bls_stream") as model:
+        x = {"IN": np.array([3], dtype=np.int32)}
+        model.infer(x)
+        model.infer(x)  # the stubs hold the previous replies until their next command
+        baseline = r.pool.stats().allocations
+        for _ in range(20):
+            out = model.infer(x)
+            assert out["OUT"].tolist() == [0, 1, 2]
+            del out
+        assert r.pool.stats().allocations == baseline
+
+
+def test_model_control_from_a_model(tmp_path: Path, repo_dir: Path) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(repo_dir / "identity", root / "identity")
+    (root / "control" / "1").mkdir(parents=True)
+    (root / "control" / "config.pbtxt").write_text(IDENTITY_CONFIG)
+    (root / "control" / "1" / "model.py").write_text(HEADER + textwrap.dedent("""
+        class TritonPythonModel:
+            def execute(self, requests):
+                states = [pb_utils.is_model_ready("identity")]
+                pb_utils.load_model("identity")
+                states.append(pb_utils.is_model_ready("identity"))
+                pb_utils.unload_model("identity")
+                states.append(pb_utils.is_model_ready("identity"))
+                return [ok(r, np.array(states, dtype=np.int32)) for r in requests]
+    """))
+    for isolated in (False, True):
+        with ModelRepository(root) as r, r.load("control", isolated=isolated) as model:
+            assert model.infer(IN)["OUT"].tolist() == [0, 1, 0]
+
+
 def test_stub_exits_when_parent_dies(run_python: object) -> None:
     code = f"""
 import os, sys
