@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -315,7 +315,7 @@ class LoadedModel:
         flags: int = 0,
         request_id: str = "",
         timeout: float | None = None,
-    ) -> Iterator[Outputs]:
+    ) -> Generator[Outputs, None, None]:
         """Run one request and yield the outputs of each response as it arrives (decoupled
         models send any number); the iterator ends at the final flag.
 
@@ -330,7 +330,9 @@ class LoadedModel:
                              request_id)
         return self._stream(data, timeout)
 
-    def _stream(self, data: RequestData, timeout: float | None) -> Iterator[Outputs]:
+    def _stream(
+        self, data: RequestData, timeout: float | None
+    ) -> Generator[Outputs, None, None]:
         for reply in self._replies([data], timeout):
             if reply.error is not None:
                 raise reply.error

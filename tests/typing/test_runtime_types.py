@@ -7,7 +7,7 @@ lines fail it (warn_unused_ignores) when a call that must be rejected is accepte
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,7 @@ def test_runtime_types() -> None:
             many = model.infer_many([{"INPUT0": a, "INPUT1": a}])
             assert_type(many, list[dict[str, npt.NDArray[Any]] | InferenceError])
             assert_type(model.stream({"INPUT0": a, "INPUT1": a}),
-                        Iterator[dict[str, npt.NDArray[Any]]])
+                        Generator[dict[str, npt.NDArray[Any]], None, None])
             assert_type(model.metrics(), dict[str, Any])
             np.testing.assert_array_equal(out["OUTPUT0"], a * 2)
     err = InferenceError("x", 3)
