@@ -29,6 +29,7 @@ def repo(request: pytest.FixtureRequest, repo_dir: Path) -> Iterator[tuple[Model
 
 def _load(repo: tuple[ModelRepository, bool], name: str, **kwargs: object) -> LoadedModel:
     r, isolated = repo
+    kwargs.setdefault("timeout", 60)  # no test waits forever on a model
     return r.load(name, isolated=isolated, **kwargs)  # type: ignore[arg-type]
 
 

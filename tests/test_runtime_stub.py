@@ -42,7 +42,7 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.parametrize(("trigger", "what"), [(1, "os._exit"), (2, "SIGKILL")])
 def test_stub_crash_is_reported_and_restarted(repo_dir: Path, trigger: int, what: str) -> None:
-    with ModelRepository(repo_dir) as r, r.load("crash") as model:
+    with ModelRepository(repo_dir) as r, r.load("crash", timeout=60) as model:
         first = model.pid
         assert first is not None
         err = _error(model, {"IN": np.array([trigger], dtype=np.int32)})
@@ -76,7 +76,7 @@ def test_stub_timeout_kills_and_restarts(repo_dir: Path) -> None:
 def test_no_leftover_processes_or_shared_memory(repo_dir: Path) -> None:
     with ModelRepository(repo_dir) as r:
         pool_path = os.path.join(SHM_DIR, r.pool.name)
-        models = [r.load("raises"), r.load("bls_stream")]
+        models = [r.load("raises", timeout=60), r.load("bls_stream", timeout=60)]
         models[1].infer({"IN": np.array([2], np.int32)})  # loads decoupled_repeat for BLS
         pids = [m.pid for m in models]
         assert all(p is not None for p in pids)
@@ -89,7 +89,7 @@ def test_no_leftover_processes_or_shared_memory(repo_dir: Path) -> None:
 
 def test_pool_records_are_released(repo_dir: Path) -> None:
     """Records of finished requests (inputs, outputs, BLS traffic) go back to the pool."""
-    with ModelRepository(repo_dir) as r, r.load("bls_stream") as model:
+    with ModelRepository(repo_dir) as r, r.load("bls_stream", timeout=60) as model:
         x = {"IN": np.array([3], dtype=np.int32)}
         model.infer(x)
         model.infer(x)  # the stubs hold the previous replies until their next command
@@ -117,7 +117,7 @@ def test_model_control_from_a_model(tmp_path: Path, repo_dir: Path) -> None:
                 return [ok(r, np.array(states, dtype=np.int32)) for r in requests]
     """))
     for isolated in (False, True):
-        with ModelRepository(root) as r, r.load("control", isolated=isolated) as model:
+        with ModelRepository(root) as r, r.load("control", isolated=isolated, timeout=60) as model:
             assert model.infer(IN)["OUT"].tolist() == [0, 1, 0]
 
 

@@ -362,7 +362,9 @@ class LoadedModel:
     ) -> Iterator[Reply]:
         """Replies of ``model_name`` to ``data`` (Triton's error for an unknown model)."""
         try:
-            target = self._repository.bls_target(model_name, model_version, self._isolated)
+            target = self._repository.bls_target(
+                model_name, model_version, self._isolated, self._timeout
+            )
         except InferenceError as exc:
             return iter([Reply(0, [], exc, "{}", FINAL, False)])
         timeout = None if not timeout_us else timeout_us / 1e6

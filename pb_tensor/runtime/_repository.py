@@ -250,8 +250,11 @@ class ModelRepository:
             self._models.append(model)
         return model
 
-    def bls_target(self, name: str, version: int, isolated: bool) -> LoadedModel:
-        """The model a BLS request addresses, loaded on first use in ``isolated`` mode.
+    def bls_target(
+        self, name: str, version: int, isolated: bool, timeout: float | None = None
+    ) -> LoadedModel:
+        """The model a BLS request addresses, loaded on first use in ``isolated`` mode (with
+        the caller's ``timeout``).
 
         Raises:
             InferenceError: Triton's ``Request for unknown model`` error when the repository
@@ -268,7 +271,7 @@ class ModelRepository:
                 )
             try:
                 model = self.load(name, version=version if version > 0 else None,
-                                  isolated=isolated)
+                                  isolated=isolated, timeout=timeout)
             except ModelLoadError as exc:
                 raise InferenceError(
                     f"Request for unknown model: '{name}' is not found ({exc})",
