@@ -335,9 +335,10 @@ class StubEngine:
         if channel is None:
             raise ChannelClosed("the stub process is not running")
         while True:
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not channel.poll(remaining):
-                raise TimeoutError(f"no answer within {remaining} s")
+            if deadline is not None:
+                remaining = max(0.0, deadline - time.monotonic())
+                if not channel.poll(remaining):
+                    raise TimeoutError(f"no answer within {remaining} s")
             kind, tensors, body = channel.recv()
             if kind == "log":
                 _emit(body, self.pid)
