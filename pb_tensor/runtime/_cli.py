@@ -4,6 +4,7 @@ from the command line, and lint a whole repository."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -203,6 +204,8 @@ def demo_rows() -> list[tuple[str, bool, str]]:
         ("auto_complete", {"INPUT0": a.reshape(1, 4)}, "OUTPUT0"),
         ("decoupled_repeat", {"N": np.array([3], np.int32)}, "OUT"),
     ]
+    if importlib.util.find_spec("torch") is not None:
+        cases.append(("torch_dlpack", {"INPUT0": a}, "ZERO_COPY"))
     with ModelRepository(path) as repo:
         for isolated in (True, False):
             mode = "stub process" if isolated else "in-process"
