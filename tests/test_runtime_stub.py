@@ -101,6 +101,26 @@ def test_pool_records_are_released(repo_dir: Path) -> None:
         assert r.pool.stats().allocations == baseline
 
 
+def test_large_responses_are_not_pinned_while_idle() -> None:
+    with ModelRepository(EXAMPLES) as r, r.load("add_sub", timeout=60) as model:
+        small = np.ones(4, np.float32)
+        model.infer({"INPUT0": small, "INPUT1": small})
+        model.infer({"INPUT0": small, "INPUT1": small})
+        baseline = r.pool.stats().allocations
+        big = np.ones(1 << 20, np.float32)  # 4 MiB per tensor
+        out = model.infer({"INPUT0": big, "INPUT1": big})
+        assert out["OUTPUT0"][0] == 2.0
+        del out
+        # The big request released the stub's hold on the two small outputs; and without
+        # another request the stub was told the big outputs were loaded, so once the caller
+        # drops them their records are freed (the stub reads the ack while idle).
+        expected = baseline - 2
+        deadline = time.monotonic() + 10
+        while r.pool.stats().allocations != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert r.pool.stats().allocations == expected
+
+
 def test_model_control_from_a_model(tmp_path: Path, repo_dir: Path) -> None:
     root = tmp_path / "repo"
     shutil.copytree(repo_dir / "identity", root / "identity")

@@ -41,6 +41,7 @@ log = logging.getLogger("pb_tensor.runtime")
 FINAL = 1
 _STARTUP_TIMEOUT = 120.0
 _FINALIZE_TIMEOUT = 30.0
+_ACK_BYTES = 1 << 20
 
 
 @dataclass
@@ -375,8 +376,11 @@ class StubEngine:
                          r.flags, r.parameters, r.timeout_us))
         try:
             channel.send("execute", body, tensors)
+            received = 0
             while not tracker.finished:
                 kind, out, msg = self._next(deadline)
+                for t in out:
+                    received += t.byte_size
                 if kind == "response":
                     index, error, parameters, flags, has_response = msg
                     err = None if error is None else InferenceError(error[0], error[1])
@@ -389,6 +393,10 @@ class StubEngine:
                     yield from tracker.done(msg[0])
                 else:
                     self._handler(self, kind, out, msg)
+            if received >= _ACK_BYTES:
+                # The stub holds what it sent until told it was loaded; say so now rather than
+                # with the next request, so large responses do not stay pinned while idle.
+                channel.send("ack")
         except ChannelClosed:
             self.kill()
             yield from tracker.fail(

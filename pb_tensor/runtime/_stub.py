@@ -145,6 +145,8 @@ class _Stub:
                 box.put(message)
         elif kind == "cancel":
             self.cancelled.add(int(message[2]))
+        elif kind == "ack":
+            pass  # Channel.recv already released what the runtime acknowledged
         else:
             self.commands.put(message)
 
