@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import pb_tensor
+from pb_tensor.cli import main as cli_main
 
 REPO_ROOT = Path(pb_tensor.__file__).resolve().parent.parent
 EXAMPLES = REPO_ROOT / "examples" / "model_repository"
@@ -30,6 +31,14 @@ def _run(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``python -m pb_tensor ARGS`` in this process (the entry point itself is tested once in
+    a subprocess below); exit status, stdout, stderr."""
+    status = cli_main(list(args))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
 def test_run_prints_outputs() -> None:
     r = _run("-m", "pb_tensor", "run", str(EXAMPLES), "add_sub",
              "-i", "INPUT0=[1, 2, 3]", "-i", "INPUT1=[0.5, 0.5, 0.5]")
@@ -40,45 +49,52 @@ def test_run_prints_outputs() -> None:
     ]
 
 
-def test_run_json_npy_and_in_process(tmp_path: Path) -> None:
+def test_run_json_npy_and_in_process(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     np.save(tmp_path / "a.npy", np.arange(3, dtype=np.float32))
-    r = _run("-m", "pb_tensor", "run", str(EXAMPLES), "add_sub", "--in-process", "--json",
-             "-i", f"INPUT0={tmp_path / 'a.npy'}", "-i", "INPUT1=[1, 1, 1]", "-o", "OUTPUT1")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {
+    status, out, err = _cli(
+        capsys, "run", str(EXAMPLES), "add_sub", "--in-process", "--json",
+        "-i", f"INPUT0={tmp_path / 'a.npy'}", "-i", "INPUT1=[1, 1, 1]", "-o", "OUTPUT1",
+    )  # fmt: skip
+    assert status == 0, err
+    assert json.loads(out) == {
         "model_name": "add_sub",
         "outputs": {"OUTPUT1": {"datatype": "FP32", "shape": [3], "data": [-1.0, 0.0, 1.0]}},
     }
 
 
-def test_run_streams_decoupled_and_bytes() -> None:
-    r = _run("-m", "pb_tensor", "run", str(EXAMPLES), "decoupled_repeat", "-i", "N=[2]")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [
+def test_run_streams_decoupled_and_bytes(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = _cli(capsys, "run", str(EXAMPLES), "decoupled_repeat", "-i", "N=[2]")
+    assert status == 0, err
+    assert out.splitlines() == [
         "response 0", "OUT  INT32  [1]  [0]", "response 1", "OUT  INT32  [1]  [1]",
     ]
-    r = _run("-m", "pb_tensor", "run", str(EXAMPLES), "string_identity", "--json",
-             "-i", 'INPUT0=["hi", "there"]')
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["outputs"]["OUTPUT0"]["data"] == ["hi", "there"]
+    status, out, err = _cli(capsys, "run", str(EXAMPLES), "string_identity", "--json",
+                            "-i", 'INPUT0=["hi", "there"]')
+    assert status == 0, err
+    assert json.loads(out)["outputs"]["OUTPUT0"]["data"] == ["hi", "there"]
 
 
-def test_run_errors() -> None:
-    r = _run("-m", "pb_tensor", "run", str(EXAMPLES), "add_sub", "-i", "INPUT0=[1]")
-    assert r.returncode == 1
-    assert "error: [request id: <id_unknown>] expected 2 inputs but got 1 inputs" in r.stderr
-    r = _run("-m", "pb_tensor", "run", str(EXAMPLES), "nope")
-    assert r.returncode == 1
-    assert "error: failed to load model 'nope'" in r.stderr
-    r = _run("-m", "pb_tensor", "run", str(EXAMPLES), "add_sub", "-i", "INPUT0")
-    assert r.returncode == 2
-    assert "expected NAME=FILE.npy or NAME=JSON" in r.stderr
+def test_run_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = _cli(capsys, "run", str(EXAMPLES), "add_sub", "--in-process",
+                          "-i", "INPUT0=[1]")
+    assert status == 1
+    assert "error: [request id: <id_unknown>] expected 2 inputs but got 1 inputs" in err
+    status, _, err = _cli(capsys, "run", str(EXAMPLES), "nope")
+    assert status == 1
+    assert "error: failed to load model 'nope'" in err
+    status, _, err = _cli(capsys, "run", str(EXAMPLES), "add_sub", "-i", "INPUT0")
+    assert status == 2
+    assert "expected NAME=FILE.npy or NAME=JSON" in err
 
 
-def test_check_reports_each_model(tmp_path: Path) -> None:
-    r = _run("-m", "pb_tensor", "check", str(EXAMPLES), "--in-process")
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "6 model(s), 0 with problems" in r.stdout
+def test_check_reports_each_model(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status, out, err = _cli(capsys, "check", str(EXAMPLES), "--in-process")
+    assert status == 0, out + err
+    assert "6 model(s), 0 with problems" in out
     repo = tmp_path / "repo"
     (repo / "good" / "1").mkdir(parents=True)
     (repo / "good" / "1" / "model.py").write_text(
@@ -91,21 +107,21 @@ def test_check_reports_each_model(tmp_path: Path) -> None:
     (repo / "badcfg" / "1").mkdir(parents=True)
     (repo / "badcfg" / "config.pbtxt").write_text("max_batch_size: -1\n")
     (repo / "badcfg" / "1" / "model.py").write_text((repo / "good" / "1" / "model.py").read_text())
-    r = _run("-m", "pb_tensor", "check", str(repo))
-    assert r.returncode == 1
-    lines = r.stdout.splitlines()
+    status, out, _ = _cli(capsys, "check", str(repo))
+    assert status == 1
+    lines = out.splitlines()
     assert lines[0].startswith("badcfg  FAILED  failed to load model 'badcfg' version 1")
     assert lines[0].endswith("'max_batch_size' must be non-negative value for badcfg")
     assert lines[1].startswith("broken  FAILED  failed to load model 'broken' version 1")
-    assert "ZeroDivisionError: division by zero" in r.stdout
+    assert "ZeroDivisionError: division by zero" in out
     assert any(line.startswith("good    ok      version 1") for line in lines)
     assert lines[-1] == "3 model(s), 2 with problems"
 
 
-def test_check_empty_repository(tmp_path: Path) -> None:
-    r = _run("-m", "pb_tensor", "check", str(tmp_path))
-    assert r.returncode == 1
-    assert r.stdout == f"no models in {tmp_path}\n"
+def test_check_empty_repository(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = _cli(capsys, "check", str(tmp_path))
+    assert status == 1
+    assert out == f"no models in {tmp_path}\n"
 
 
 def test_pytest_plugin_fixture(tmp_path: Path) -> None:
