@@ -121,6 +121,40 @@ def test_large_responses_are_not_pinned_while_idle() -> None:
         assert r.pool.stats().allocations == expected
 
 
+def test_cancel_reaches_a_long_running_execute(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    (root / "ticker" / "1").mkdir(parents=True)
+    (root / "ticker" / "config.pbtxt").write_text(
+        IDENTITY_CONFIG + "model_transaction_policy { decoupled: true }\n"
+    )
+    (root / "ticker" / "1" / "model.py").write_text(HEADER + textwrap.dedent("""
+        class TritonPythonModel:
+            def execute(self, requests):
+                sender = requests[0].get_response_sender()
+                sent = 0
+                while not requests[0].is_cancelled() and sent < 20000:
+                    sender.send(ok(requests[0], np.array([sent], dtype=np.int32)))
+                    sent += 1
+                    time.sleep(0.005)
+                flag = 1 if requests[0].is_cancelled() else 0
+                sender.send(ok(requests[0], np.array([-flag], dtype=np.int32)),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+    """))
+    with ModelRepository(root) as r, r.load("ticker", timeout=60) as model:
+        pid = model.pid
+        stream = model.stream({"IN": np.array([0], dtype=np.int32)})
+        assert next(stream)["OUT"].tolist() == [0]
+        assert next(stream)["OUT"].tolist() == [1]
+        # The stub's watcher reads the cancellation while execute runs; the model sees
+        # is_cancelled() and finishes. (Otherwise it would run for 100 s, and the runtime
+        # would give up waiting after 10 s and kill the stub.)
+        stream.close()
+        assert model.pid == pid
+        first = next(model.stream({"IN": np.array([0], dtype=np.int32)}))
+        assert first["OUT"].tolist() == [0]
+
+
 def test_model_control_from_a_model(tmp_path: Path, repo_dir: Path) -> None:
     root = tmp_path / "repo"
     shutil.copytree(repo_dir / "identity", root / "identity")

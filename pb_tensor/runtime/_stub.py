@@ -15,6 +15,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -42,6 +43,7 @@ from pb_tensor.shm import SharedMemoryPool
 __all__ = ["main"]
 
 _FINAL = 1
+_WATCH_INTERVAL = 0.02
 
 
 class _ForwardLogs(logging.Handler):
@@ -116,7 +118,7 @@ class _Stub:
         self.call_ids = itertools.count(1)
         self.cancelled: set[int] = set()
         self.reader = threading.Lock()
-        self.executing = threading.Event()
+        self.execute_started = 0.0  # time.monotonic() when the running execute began, or 0
         self.closed = False
         self.name = ""
         self.cls: type | None = None
@@ -127,8 +129,8 @@ class _Stub:
     # -- receiving ----------------------------------------------------------------------------
     # Whoever waits for a message reads the channel itself (one reader at a time) and hands
     # what is not for it to its addressee: the common case (the main thread waiting for the
-    # next command) costs no thread switch. While ``execute`` runs, a watcher thread reads
-    # messages nobody waits for (cancellations) as soon as they arrive.
+    # next command) costs no thread switch. While a long ``execute`` runs, a watcher thread
+    # reads the messages nobody waits for (cancellations).
     def _dispatch(self, message: Message | None) -> None:
         if message is None:
             self.closed = True
@@ -187,16 +189,19 @@ class _Stub:
         return self.closed
 
     def watch(self) -> None:
-        """Watcher thread: during ``execute``, read messages as they arrive."""
-        while not self.closed:
-            self.executing.wait()
-            if self.is_closed():
-                return
-            if not self.channel.poll(0.05) or not self.executing.is_set():
+        """Watcher thread: while an ``execute`` runs longer than a moment, read the messages
+        that arrive (cancellations). It only looks at a timestamp the main thread writes, so
+        short requests never wake it."""
+        while not self.is_closed():
+            time.sleep(_WATCH_INTERVAL)
+            started = self.execute_started
+            if not started or time.monotonic() - started < _WATCH_INTERVAL:
+                continue
+            if not self.channel.poll(_WATCH_INTERVAL) or not self.execute_started:
                 continue
             if self.reader.acquire(blocking=False):
                 try:
-                    if self.executing.is_set() and self.channel.poll(0):
+                    if self.execute_started and self.channel.poll(0):
                         self._read_one()
                 finally:
                     self.reader.release()
@@ -334,11 +339,11 @@ class _Stub:
         held: list[tuple[int, InferenceResponse | None, int]] = []
         sink = self.send_response if decoupled else (lambda i, r, f: held.append((i, r, f)))
         requests = host.build_requests(batch, sink, self.cancelled.__contains__)
-        self.executing.set()
+        self.execute_started = time.monotonic()
         try:
             error = host.execute(requests)
         finally:
-            self.executing.clear()
+            self.execute_started = 0.0
         replies: list[tuple[int, tuple[str, int] | None, str, int, bool, int]] = []
         outputs: list[Tensor] = []
         for index, response, flags in held:
@@ -401,7 +406,6 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         stub.closed = True
-        stub.executing.set()  # let the watcher see the end
         logger.removeHandler(handler)
         channel.release_all()
         sys.stdout.flush()
