@@ -110,6 +110,20 @@ MODELS: dict[str, str] = {
                         [pb_utils.Tensor("OUT", np.array([text.encode()], dtype=object))]))
                 return out
     """,
+    "bls_wrong_mode": """
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = []
+                for r in requests:
+                    n = pb_utils.Tensor("N", np.array([1], dtype=np.int32))
+                    response = pb_utils.InferenceRequest(
+                        model_name="decoupled_repeat", requested_output_names=["OUT"],
+                        inputs=[n]).exec()
+                    text = response.error().message()
+                    out.append(pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("OUT", np.array([text.encode()], dtype=object))]))
+                return out
+    """,
     "bls_stream": """
         class TritonPythonModel:
             def execute(self, requests):
@@ -184,7 +198,7 @@ def build_repository(root: Path) -> Path:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
         config = IDENTITY_CONFIG
-        if name in ("args_echo", "bls_unknown"):
+        if name in ("args_echo", "bls_unknown", "bls_wrong_mode"):
             config = config.replace('"OUT" data_type: TYPE_INT32', '"OUT" data_type: TYPE_STRING')
         (root / name / "config.pbtxt").write_text(f'name: "{name}"\n' + config)
     (root / "decoupled_returns" / "1").mkdir(parents=True)

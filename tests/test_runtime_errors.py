@@ -164,7 +164,18 @@ def test_bls_unknown_model(repo: tuple[ModelRepository, bool]) -> None:
     with _load(repo, "bls_unknown") as model:
         text = model.infer(IN)["OUT"][0].decode()
         assert text == (
-            "Request for unknown model: 'no_such_model' is not found|INVALID_ARG"
+            "Model no_such_model - Error when running inference: Request for unknown model: "
+            "'no_such_model' is not found|INTERNAL"
+        )
+
+
+def test_bls_decoupled_target_needs_decoupled_exec(repo: tuple[ModelRepository, bool]) -> None:
+    with _load(repo, "bls_wrong_mode") as model:
+        assert model.infer(IN)["OUT"][0].decode() == (
+            "Model decoupled_repeat - Error when running inference: Model decoupled_repeat is "
+            "using the decoupled. The current BLS request call doesn't support models using "
+            "the decoupled transaction policy. Please use 'decoupled=True' argument to the "
+            "'exec' or 'async_exec' calls for decoupled models."
         )
 
 

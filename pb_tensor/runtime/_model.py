@@ -341,7 +341,7 @@ class LoadedModel:
 
     # -- BLS ----------------------------------------------------------------------------------
     def bls_replies(
-        self, request: InferenceRequest, timeout_us: int | None
+        self, request: InferenceRequest, timeout_us: int | None, decoupled: bool
     ) -> Iterator[Reply]:
         """Run a BLS request made by this model: route it to its target model."""
         data = RequestData(
@@ -354,19 +354,36 @@ class LoadedModel:
             timeout_us or 0,
         )
         return self.bls_data_replies(
-            request.model_name(), request.model_version(), data, timeout_us
+            request.model_name(), request.model_version(), data, timeout_us, decoupled
         )
 
     def bls_data_replies(
-        self, model_name: str, model_version: int, data: RequestData, timeout_us: int | None
+        self,
+        model_name: str,
+        model_version: int,
+        data: RequestData,
+        timeout_us: int | None,
+        decoupled: bool,
     ) -> Iterator[Reply]:
-        """Replies of ``model_name`` to ``data`` (Triton's error for an unknown model)."""
+        """Replies of ``model_name`` to ``data``, with the errors Triton's BLS executor gives
+        for an unknown model or a decoupled one called without ``decoupled=True``."""
+        prefix = f"Model {model_name} - Error when running inference: "
         try:
             target = self._repository.bls_target(
                 model_name, model_version, self._isolated, self._timeout
             )
         except InferenceError as exc:
-            return iter([Reply(0, [], exc, "{}", FINAL, False)])
+            error = InferenceError(prefix + exc.message(), TritonError.INTERNAL)
+            return iter([Reply(0, [], error, "{}", FINAL, False)])
+        if target.decoupled and not decoupled:
+            error = InferenceError(
+                prefix + f"Model {model_name} is using the decoupled. The current BLS request "
+                "call doesn't support models using the decoupled transaction policy. Please "
+                "use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+                "decoupled models.",
+                TritonError.INTERNAL,
+            )
+            return iter([Reply(0, [], error, "{}", FINAL, False)])
         timeout = None if not timeout_us else timeout_us / 1e6
         return target._replies([data], timeout)
 
@@ -375,10 +392,10 @@ class LoadedModel:
         """Serve a stub's request to the runtime (BLS, model control)."""
         if kind == "bls":
             (call_id, model_name, version, requested, request_id, correlation_id, flags,
-             parameters, timeout_us, _decoupled) = body  # fmt: skip
+             parameters, timeout_us, decoupled) = body  # fmt: skip
             data = RequestData(tensors, requested, request_id, correlation_id, flags,
                                parameters, timeout_us)
-            for r in self.bls_data_replies(model_name, version, data, timeout_us):
+            for r in self.bls_data_replies(model_name, version, data, timeout_us, decoupled):
                 err = None if r.error is None else (r.error.message(), int(r.error.code()))
                 engine.send("bls_reply", (call_id, err, r.parameters, r.flags, r.has_response),
                             r.tensors)

@@ -42,7 +42,7 @@ class _LocalBackend:
     def exec_request(
         self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
     ) -> InferenceResponse | Iterator[InferenceResponse]:
-        replies = self._model.bls_replies(request, timeout_us)
+        replies = self._model.bls_replies(request, timeout_us, decoupled)
         responses = (response_of(r) for r in replies)
         if decoupled:
             return responses
