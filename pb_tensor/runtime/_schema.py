@@ -16,16 +16,19 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format, text_format
-from google.protobuf.message import Message
 
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._model_config_desc import SERIALIZED_FILE_DESCRIPTOR
 
 __all__ = [
+    "PYTHON_BACKEND",
+    "PYTHON_FILENAME",
+    "WILDCARD_DIM",
     "ConfigError",
     "config_from_dict",
     "config_to_dict",
     "config_to_json",
+    "decoupled",
     "new_config",
     "normalize",
     "normalize_instance_groups",
@@ -271,8 +274,3 @@ def validate(config: Any, model_dir: str) -> None:
 def decoupled(config: Any) -> bool:
     """Whether the configuration asks for the decoupled transaction policy."""
     return bool(config.model_transaction_policy.decoupled)
-
-
-def is_message(obj: object) -> bool:
-    """Whether ``obj`` is a protobuf message (for callers that accept both forms)."""
-    return isinstance(obj, Message)
