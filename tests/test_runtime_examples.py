@@ -156,6 +156,18 @@ def test_decoupled_stream_stopped_early_cancels(load: Loader) -> None:
     assert [o["OUT"].tolist() for o in outs] == [[0], [1]]
 
 
+def test_request_while_iterating_a_stream_is_refused(load: Loader) -> None:
+    model = load("decoupled_repeat")
+    seen = []
+    for out in model.stream({"N": np.array([2], np.int32)}):
+        seen.append(out["OUT"].tolist())
+        with pytest.raises(InferenceError) as info:
+            model.infer({"N": np.array([1], np.int32)})
+        assert info.value.code() == TritonError.UNAVAILABLE
+        assert "this thread is already using it" in info.value.message()
+    assert seen == [[0], [1]]
+
+
 def test_decoupled_infer_gives_first_response(load: Loader) -> None:
     model = load("decoupled_repeat")
     assert model.infer({"N": np.array([3], np.int32)})["OUT"].tolist() == [0]

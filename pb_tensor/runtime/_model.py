@@ -209,8 +209,8 @@ class LoadedModel:
             return
         if self._busy_thread == threading.get_ident():
             error = InferenceError(
-                f"model '{self._name}' has one instance and it is executing: it cannot serve "
-                "a BLS request from itself",
+                f"model '{self._name}' has one instance and this thread is already using it "
+                "(a BLS request to itself, or a request made while iterating its stream)",
                 TritonError.UNAVAILABLE,
             )
             for i in where:
