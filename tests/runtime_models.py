@@ -167,6 +167,17 @@ MODELS: dict[str, str] = {
                 with open(self.path, "w") as f:
                     f.write("yes")
     """,
+    "readiness": """
+        class TritonPythonModel:
+            def initialize(self, args):
+                self.state = True
+            def is_ready(self):
+                return self.state
+            def execute(self, requests):
+                v = int(value(requests[0])[0])
+                self.state = {0: False, 1: True, 2: "yes"}[v]
+                return [ok(r) for r in requests]
+    """,
     "init_raises": """
         class TritonPythonModel:
             def initialize(self, args):

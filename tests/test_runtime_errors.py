@@ -191,6 +191,24 @@ def test_bls_async_exec_and_model_ready(repo: tuple[ModelRepository, bool]) -> N
         assert out["OUT"].tolist() == [3, 4, 1]
 
 
+def test_is_ready(repo: tuple[ModelRepository, bool], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR, logger="pb_tensor.runtime")
+    with _load(repo, "readiness") as model:
+        assert model.is_ready() is True
+        model.infer({"IN": np.array([0], np.int32)})
+        assert model.is_ready() is False
+        model.infer({"IN": np.array([1], np.int32)})
+        assert model.is_ready() is True
+        model.infer({"IN": np.array([2], np.int32)})
+        assert model.is_ready() is False
+        assert caplog.records[-1].getMessage() == (
+            "readiness check of model 'readiness' failed: is_ready() must return a boolean value"
+        )
+    assert model.is_ready() is False  # unloaded
+    with _load(repo, "raises") as other:
+        assert other.is_ready() is True  # no is_ready(): ready once loaded
+
+
 def test_finalize_called_on_unload(repo: tuple[ModelRepository, bool], repo_dir: Path) -> None:
     marker = repo_dir / "finalize_marker" / "finalized"
     marker.unlink(missing_ok=True)

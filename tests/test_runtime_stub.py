@@ -53,6 +53,7 @@ def test_stub_crash_is_reported_and_restarted(repo_dir: Path, trigger: int, what
         assert err.code() == TritonError.INTERNAL
         assert model.pid is None
         assert _gone(first)
+        assert model.is_ready() is False  # as Triton's readiness check: stub not healthy
         # The next call starts a new stub (initialize runs again).
         assert model.infer({"IN": np.array([7], np.int32)})["OUT"].tolist() == [7]
         assert model.pid not in (None, first)

@@ -108,6 +108,7 @@ class Engine(Protocol):
 
     def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]: ...
     def metrics(self) -> dict[str, Any]: ...
+    def is_ready(self) -> tuple[bool, str | None]: ...
     def stop(self) -> str | None: ...
     @property
     def pid(self) -> int | None: ...
@@ -208,6 +209,9 @@ class InProcessEngine:
         from pb_tensor.runtime._seam import metric_snapshot
 
         return metric_snapshot()
+
+    def is_ready(self) -> tuple[bool, str | None]:
+        return self.host.is_ready()
 
     def stop(self) -> str | None:
         return self.host.finalize()
@@ -448,6 +452,17 @@ class StubEngine:
         """Answer the stub (BLS replies, model-control replies)."""
         if self.channel is not None:
             self.channel.send(kind, body, tensors or ())
+
+    def is_ready(self) -> tuple[bool, str | None]:
+        name = self.info.instance_name if self.info is not None else self.name
+        if self.channel is None or not self.alive:
+            return False, f"Stub process '{name}' is not healthy."
+        try:
+            self.channel.send("is_ready")
+            _, _, (ready, error) = self._expect(("ready_state",), 30.0)
+        except StubFailure:
+            return False, f"Stub process '{name}' is not healthy."
+        return bool(ready), error
 
     def metrics(self) -> dict[str, Any]:
         if self.channel is None or not self.alive:

@@ -220,6 +220,23 @@ class ModelHost:
         finally:
             set_backend(previous)
 
+    def is_ready(self) -> tuple[bool, str | None]:
+        """The model's own ``is_ready()`` when defined (True otherwise); an error text when it
+        raised or did not return a bool (upstream's message)."""
+        fn = getattr(self._instance, "is_ready", None)
+        if fn is None:
+            return self._instance is not None, None
+        previous = set_backend(self._backend)
+        try:
+            result = fn()
+        except Exception as exc:
+            return False, format_exception(exc)
+        finally:
+            set_backend(previous)
+        if not isinstance(result, bool):
+            return False, "is_ready() must return a boolean value"
+        return result, None
+
     def finalize(self) -> str | None:
         """Call ``finalize()`` when defined; the error text if it raised."""
         instance, self._instance = self._instance, None

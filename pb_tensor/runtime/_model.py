@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from pb_tensor.runtime._repository import ModelRepository
 
 __all__ = ["InputValue", "LoadedModel", "Outputs"]
+
+log = logging.getLogger("pb_tensor.runtime")
 
 InputValue = Any
 """An input value: a ``Tensor``, a numpy array, anything with ``__dlpack__`` (torch, JAX),
@@ -412,8 +415,22 @@ class LoadedModel:
     def metrics(self) -> dict[str, Any]:
         """The custom metrics (``pb_utils.MetricFamily``) the model recorded, by family
         name: kind, description and each metric's labels and value."""
-        engine = self._engine
-        return {} if engine is None else engine.metrics()
+        with self._lock:
+            engine = self._engine
+            return {} if engine is None else engine.metrics()
+
+    def is_ready(self) -> bool:
+        """Whether the model is ready, as Triton's readiness check says: loaded, its stub
+        healthy, and the model's own ``is_ready()`` (when it defines one) returning True. A
+        failing check is logged (``pb_tensor.runtime``) with upstream's text."""
+        with self._lock:
+            engine = self._engine
+            if engine is None:
+                return False
+            ready, error = engine.is_ready()
+        if error is not None:
+            log.error("readiness check of model '%s' failed: %s", self._name, error)
+        return ready
 
     def unload(self) -> None:
         """Call the model's ``finalize`` and stop its stub; later requests fail. Idempotent."""

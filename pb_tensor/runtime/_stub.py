@@ -281,6 +281,9 @@ class _Stub:
                 self.init(body)
             elif kind == "execute":
                 self.execute(tensors, body)
+            elif kind == "is_ready":
+                state = self.host.is_ready() if self.host is not None else (False, None)
+                self.channel.send("ready_state", state)
             elif kind == "metrics":
                 from pb_tensor.runtime._seam import metric_snapshot
 
