@@ -52,6 +52,9 @@ def test_runtime_types() -> None:
             assert_type(model.stream({"INPUT0": a, "INPUT1": a}),
                         Generator[dict[str, npt.NDArray[Any]], None, None])
             assert_type(model.metrics(), dict[str, Any])
+            assert_type(model.is_ready(), bool)
+            assert_type(model.loaded, bool)
+            assert_type(model.instance_name, str)
             np.testing.assert_array_equal(out["OUTPUT0"], a * 2)
     err = InferenceError("x", 3)
     assert_type(err.message(), str)
