@@ -13,17 +13,19 @@ from typing import Any, TextIO
 
 import numpy as np
 
-__all__ = ["COMMANDS", "demo_rows", "main"]
+__all__ = ["COMMANDS", "add_subcommands", "demo_rows", "main", "run_command"]
 
 COMMANDS = ("run", "check")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="pb-tensor", description="Run Triton Python models without a server."
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one request on a model and print its outputs")
+def add_subcommands(subparsers: Any) -> None:
+    """Add ``run`` and ``check`` to the ``pb-tensor`` command's subparsers (the object
+    ``ArgumentParser.add_subparsers()`` returns); :func:`run_command` runs them."""
+    run = subparsers.add_parser(
+        "run", help="run one request on a model of a repository and print its outputs",
+        description="Run one request on a model (in a stub process unless --in-process) and "
+                    "print each output's name, datatype, shape and values.",
+    )  # fmt: skip
     run.add_argument("repository", help="model repository directory")
     run.add_argument("model", help="model name")
     run.add_argument(
@@ -40,13 +42,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="run the model in this process instead of a stub process")
     run.add_argument("--timeout", type=float, default=None, help="execute timeout in seconds")
     run.add_argument("--json", action="store_true", help="print one JSON object")
-    check = sub.add_parser(
-        "check", help="load every model of a repository and report what is wrong"
-    )
+    check = subparsers.add_parser(
+        "check", help="load every model of a repository and report what is wrong",
+        description="Load every model of a repository (configuration, auto_complete_config, "
+                    "initialize) and print one line per model; exit status 1 if any fails.",
+    )  # fmt: skip
     check.add_argument("repository", help="model repository directory")
     check.add_argument("--in-process", action="store_true",
                        help="load the models in this process instead of stub processes")
-    return parser
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed ``run`` or ``check`` command; its exit status."""
+    if args.command == "run":
+        return _run(args)
+    return _check(args)
 
 
 def _input_value(spec: str, dtypes: dict[str, Any]) -> tuple[str, Any]:
@@ -175,10 +185,11 @@ def _check(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str]) -> int:
     """``run`` / ``check`` entry point; the exit status (1: a model failed, 2: bad usage)."""
-    args = _parser().parse_args(list(argv))
-    if args.command == "run":
-        return _run(args)
-    return _check(args)
+    parser = argparse.ArgumentParser(
+        prog="pb-tensor", description="Run Triton Python models without a server."
+    )
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    return run_command(parser.parse_args(list(argv)))
 
 
 def demo_rows() -> list[tuple[str, bool, str]]:
