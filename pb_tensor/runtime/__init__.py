@@ -4,7 +4,7 @@
 
     from pb_tensor.runtime import ModelRepository
 
-    with ModelRepository("examples/model_repository") as repo:
+    with ModelRepository("path/to/model_repository") as repo:
         with repo.load("add_sub") as model:            # its own stub process, as in Triton
             out = model.infer({"INPUT0": a, "INPUT1": b})
 
@@ -16,6 +16,12 @@ from __future__ import annotations
 
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._model import LoadedModel
-from pb_tensor.runtime._repository import ModelRepository
+from pb_tensor.runtime._repository import ModelRepository, example_repository
 
-__all__ = ["InferenceError", "LoadedModel", "ModelLoadError", "ModelRepository"]
+__all__ = [
+    "InferenceError",
+    "LoadedModel",
+    "ModelLoadError",
+    "ModelRepository",
+    "example_repository",
+]

@@ -200,12 +200,9 @@ def demo_rows() -> list[tuple[str, bool, str]]:
             wheel has none).
         ImportError: protobuf is not installed (the ``runtime`` extra).
     """
-    from pb_tensor.runtime import ModelRepository
+    from pb_tensor.runtime import ModelRepository, example_repository
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    path = os.path.join(root, "examples", "model_repository")
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no example repository at {path}")
+    path = example_repository()
     rows: list[tuple[str, bool, str]] = []
     a = np.arange(4, dtype=np.float32)
     cases: list[tuple[str, dict[str, Any], str]] = [

@@ -26,10 +26,27 @@ from pb_tensor.shm import SharedMemoryPool
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["ModelRepository"]
+__all__ = ["ModelRepository", "example_repository"]
 
 _POOL_SIZE = 8 << 20
 _POOL_GROWTH = 64 << 20
+
+
+def example_repository() -> str:
+    """Path of the example model repository (``examples/model_repository``) of a source
+    checkout of pb-tensor: add_sub, string_identity, torch_dlpack, decoupled_repeat,
+    bls_add_sub, auto_complete.
+
+    Raises:
+        FileNotFoundError: pb-tensor was installed from a wheel, which does not ship it.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, "examples", "model_repository")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"no example model repository at {path!r}: it comes with a clone of the project"
+        )
+    return path
 
 
 class _LocalBackend:

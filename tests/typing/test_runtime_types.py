@@ -16,7 +16,13 @@ import numpy.typing as npt
 from typing_extensions import assert_type
 
 from pb_tensor.errors import TritonModelException
-from pb_tensor.runtime import InferenceError, LoadedModel, ModelLoadError, ModelRepository
+from pb_tensor.runtime import (
+    InferenceError,
+    LoadedModel,
+    ModelLoadError,
+    ModelRepository,
+    example_repository,
+)
 from pb_tensor.runtime.pytest_plugin import triton_repository
 
 EXAMPLES = Path(__file__).resolve().parent.parent.parent / "examples" / "model_repository"
@@ -61,6 +67,11 @@ def test_runtime_types() -> None:
     assert_type(err.code(), int)
     assert isinstance(err, TritonModelException)
     assert issubclass(ModelLoadError, TritonModelException)
+
+
+def test_example_repository_type() -> None:
+    assert_type(example_repository(), str)
+    assert Path(example_repository()) == EXAMPLES
 
 
 def test_plugin_fixture_type() -> None:
