@@ -118,6 +118,28 @@ def test_check_reports_each_model(
     assert lines[-1] == "3 model(s), 2 with problems"
 
 
+def test_without_protobuf() -> None:
+    """The command line and the stubs do not need protobuf; reading a configuration does,
+    and says so."""
+    code = f"""
+import sys
+sys.modules["google"] = None  # as if protobuf were not installed
+import argparse
+from pb_tensor.runtime import _cli, _stub, LoadedModel  # no protobuf needed
+parser = argparse.ArgumentParser()
+_cli.add_subcommands(parser.add_subparsers(dest="command"))
+status = _cli.run_command(parser.parse_args(["run", {str(EXAMPLES)!r}, "add_sub"]))
+print("status", status)
+"""
+    r = _run("-c", textwrap.dedent(code))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "status 1\n"
+    assert r.stderr.startswith(
+        "error: reading Triton model configurations needs protobuf: pip install "
+        "'pb-tensor[runtime]'"
+    )
+
+
 def test_check_empty_repository(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = _cli(capsys, "check", str(tmp_path))
     assert status == 1

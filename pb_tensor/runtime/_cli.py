@@ -54,9 +54,13 @@ def add_subcommands(subparsers: Any) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed ``run`` or ``check`` command; its exit status."""
-    if args.command == "run":
-        return _run(args)
-    return _check(args)
+    try:
+        if args.command == "run":
+            return _run(args)
+        return _check(args)
+    except ImportError as exc:  # protobuf missing: say what to install
+        sys.stderr.write(f"error: {exc}\n")
+        return 1
 
 
 def _input_value(spec: str, dtypes: dict[str, Any]) -> tuple[str, Any]:

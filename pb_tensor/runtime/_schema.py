@@ -15,7 +15,13 @@ import os
 from collections.abc import Iterable
 from typing import Any, Final
 
-from google.protobuf import descriptor_pb2, descriptor_pool, json_format, text_format
+try:
+    from google.protobuf import descriptor_pb2, descriptor_pool, json_format, text_format
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "reading Triton model configurations needs protobuf: pip install 'pb-tensor[runtime]' "
+        f"({exc})"
+    ) from exc
 
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._model_config_desc import SERIALIZED_FILE_DESCRIPTOR
