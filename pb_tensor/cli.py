@@ -176,7 +176,8 @@ def _demo_gpu(table: _Table) -> None:
 
 def _demo() -> int:
     table = _Table("pb-tensor demo: Triton's pb_utils.Tensor in pure Python")
-    for part in (_demo_numpy, _demo_torch, _demo_jax, _demo_bytes, _demo_errors, _demo_gpu):
+    for part in (_demo_numpy, _demo_torch, _demo_jax, _demo_bytes, _demo_errors, _demo_gpu,
+                 _demo_runtime):
         try:
             part(table)
         except Exception as exc:  # a demo row must report, not abort the tour
@@ -258,8 +259,26 @@ def _doctor() -> int:
     return 0
 
 
+def _demo_runtime(table: _Table) -> None:
+    try:
+        from pb_tensor.runtime._cli import demo_rows
+
+        rows = demo_rows()
+    except ImportError:
+        table.add("model runtime", _SKIP,
+                  "protobuf is not installed (pip install -e \".[runtime]\").")
+        return
+    except FileNotFoundError:
+        table.add("model runtime", _SKIP,
+                  "the example model repository is not here (run from a clone).")
+        return
+    for step, ok, detail in rows:
+        table.check(step, ok, detail)
+
+
 def _parser() -> argparse.ArgumentParser:
     from pb_tensor import __version__
+    from pb_tensor.runtime._cli import add_subcommands
 
     parser = argparse.ArgumentParser(prog="pb-tensor", description=_DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"pb-tensor {__version__}")
@@ -273,12 +292,17 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("doctor", help="versions, fast paths and CUDA on this machine",
                         description="Versions, fast paths and CUDA availability on this "
                                     "machine; imports no framework.")
+    add_subcommands(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (argparse exits with 2 on bad arguments)."""
     args = _parser().parse_args(argv)
+    if args.command in ("run", "check"):
+        from pb_tensor.runtime._cli import run_command
+
+        return run_command(args)
     handlers: dict[str | None, Callable[[], int]] = {
         None: _demo, "demo": _demo, "bench": _bench, "doctor": _doctor,
     }

@@ -10,7 +10,7 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch==2.13.0 (the CPU wheel) comes from the interop extra; cuda-python is optional and its
 # absence only skips the tests that need it.
-.venv/bin/python -m pip install --quiet -e ".[test,interop,bench]"
+.venv/bin/python -m pip install --quiet -e ".[test,interop,bench,runtime]"
 .venv/bin/python -m pip install --quiet -e ".[cuda]" || echo "cuda-python unavailable here: its tests will skip"
 # Ray publishes wheels for some Python versions only; where it cannot be installed, the tests
 # marked ray skip and say why.

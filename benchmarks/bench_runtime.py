@@ -1,0 +1,195 @@
+"""Benchmark of ``pb_tensor.runtime`` against baselines measured in the same run.
+
+Targets (issue 11):
+
+* in-process ``infer`` on add_sub, two (16,) float32 inputs: at most 10 us over calling the
+  model's ``execute`` directly with prebuilt requests;
+* isolated ``infer`` with 4 KiB inputs: at most 2x a ``multiprocessing.Pipe`` round trip that
+  pickles the same inputs and outputs; with 64 MiB inputs at most 0.2x of it (zero-copy wins);
+* requests per second for a stream of add_sub requests, isolated and in-process (reported).
+
+Usage: ``python benchmarks/bench_runtime.py [--quick]``. Medians of repeated runs; ratios are
+computed within the run from interleaved rounds, so machine speed and load changes cancel
+out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+from pb_tensor.runtime import ModelRepository  # noqa: E402
+from pb_tensor.runtime._host import load_model_module  # noqa: E402
+from pb_tensor.utils import Tensor  # noqa: E402
+from pb_tensor.utils._context import make_request  # noqa: E402
+
+EXAMPLES = os.path.join(ROOT, "examples", "model_repository")
+
+
+def _calls_for(fn: Callable[[], object], min_time: float) -> int:
+    number = 1
+    while True:
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        if time.perf_counter() - start >= min_time:
+            return number
+        number *= 2
+
+
+def _per_call_us(fn: Callable[[], object], number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number * 1e6
+
+
+def _paired_us(
+    base: Callable[[], object], ours: Callable[[], object], repeat: int, min_time: float
+) -> tuple[float, float, float]:
+    """Medians of (baseline us, ours us, ours/baseline) over ``repeat`` interleaved rounds:
+    each round times both back to back, so load changes on a shared machine hit both."""
+    n_base = _calls_for(base, min_time)
+    n_ours = _calls_for(ours, min_time)
+    rounds = [(_per_call_us(base, n_base), _per_call_us(ours, n_ours)) for _ in range(repeat)]
+    return (
+        statistics.median(b for b, _ in rounds),
+        statistics.median(o for _, o in rounds),
+        statistics.median(o / b for b, o in rounds),
+    )
+
+
+def _echo_server(conn: Connection) -> None:
+    """The baseline peer: unpickles the inputs, computes add_sub, pickles the outputs back."""
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        a, b = msg
+        conn.send((a + b, a - b))
+
+
+def _row(name: str, value: str, ratio: str = "", verdict: str = "") -> str:
+    return f"{name:<58} {value:>14} {ratio:>10} {verdict:>5}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short run (fewer repeats)")
+    args = parser.parse_args()
+    repeat, min_time = (3, 0.05) if args.quick else (7, 0.2)
+    big_repeat = 3 if args.quick else 5
+    lines: list[str] = []
+    verdicts: list[bool] = []
+
+    def report(name: str, value: str, ratio: float | None = None, target: float | None = None,
+               higher_is_worse: bool = True) -> None:
+        verdict = ""
+        ratio_text = ""
+        if ratio is not None:
+            ratio_text = f"{ratio:.2f}x"
+        if target is not None and ratio is not None:
+            ok = ratio <= target if higher_is_worse else ratio >= target
+            verdicts.append(ok)
+            verdict = "PASS" if ok else "MISS"
+        lines.append(_row(name, value, ratio_text, verdict))
+
+    a16 = np.arange(16, dtype=np.float32)
+    b16 = np.ones(16, dtype=np.float32)
+    with ModelRepository(EXAMPLES) as repo:
+        # -- in-process overhead ---------------------------------------------------------------
+        model = repo.load("add_sub", isolated=False)
+        module = load_model_module(
+            os.path.join(EXAMPLES, "add_sub", "1", "model.py"), "add_sub_direct"
+        )
+        direct = module.TritonPythonModel()
+        direct.initialize({"model_config": __import__("json").dumps(model.config)})
+        requests = [make_request([Tensor("INPUT0", a16), Tensor("INPUT1", b16)],
+                                 ["OUTPUT0", "OUTPUT1"], model_name="add_sub")]
+        n_direct = _calls_for(lambda: direct.execute(requests), min_time)
+        n_infer = _calls_for(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), min_time)
+        rounds = []
+        for _ in range(repeat):
+            d = _per_call_us(lambda: direct.execute(requests), n_direct)
+            i = _per_call_us(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), n_infer)
+            rounds.append((d, i, i - d))
+        direct_us = statistics.median(r[0] for r in rounds)
+        inproc_us = statistics.median(r[1] for r in rounds)
+        overhead = statistics.median(r[2] for r in rounds)
+        lines.append("in-process infer, add_sub, two (16,) float32 inputs")
+        report("  execute() called directly with prebuilt requests", f"{direct_us:9.1f} us")
+        report("  LoadedModel.infer (in-process)", f"{inproc_us:9.1f} us")
+        ok = overhead <= 10.0
+        verdicts.append(ok)
+        lines.append(_row("  overhead (target <= 10 us)", f"{overhead:9.1f} us", "",
+                          "PASS" if ok else "MISS"))
+        n_stream = 200 if args.quick else 1000
+        start = time.perf_counter()
+        for _ in range(n_stream):
+            model.infer({"INPUT0": a16, "INPUT1": b16})
+        inproc_rps = n_stream / (time.perf_counter() - start)
+        model.unload()
+
+        # -- isolated vs a pickling Pipe -------------------------------------------------------
+        iso = repo.load("add_sub", isolated=True)
+        ctx = mp.get_context("spawn")
+        ours, theirs = ctx.Pipe()
+        proc = ctx.Process(target=_echo_server, args=(theirs,), daemon=True)
+        proc.start()
+        try:
+            for label, count, target, rep in (
+                ("4 KiB", 1024, 2.0, repeat),
+                ("64 MiB", 16 << 20, 0.2, big_repeat),
+            ):
+                a = np.arange(count, dtype=np.float32)
+                b = np.ones(count, dtype=np.float32)
+
+                def pipe_call(a: Any = a, b: Any = b) -> Any:
+                    ours.send((a, b))
+                    return ours.recv()
+
+                def iso_call(a: Any = a, b: Any = b) -> Any:
+                    return iso.infer({"INPUT0": a, "INPUT1": b})
+
+                check = iso_call()
+                np.testing.assert_array_equal(check["OUTPUT0"], a + b)
+                del check
+                t = min_time if count < 1 << 20 else 0.0
+                pipe_us, iso_us, ratio = _paired_us(pipe_call, iso_call, rep, t)
+                lines.append(f"isolated infer, add_sub, two {label} float32 inputs")
+                report("  multiprocessing.Pipe round trip, pickled in and out",
+                       f"{pipe_us:9.1f} us")
+                report(f"  LoadedModel.infer (stub process) (target <= {target}x)",
+                       f"{iso_us:9.1f} us", ratio, target)
+            start = time.perf_counter()
+            for _ in range(n_stream):
+                iso.infer({"INPUT0": a16, "INPUT1": b16})
+            iso_rps = n_stream / (time.perf_counter() - start)
+        finally:
+            ours.send(None)
+            proc.join(10)
+        lines.append("stream of add_sub requests, two (16,) float32 inputs")
+        report("  in-process", f"{inproc_rps:9.0f} req/s")
+        report("  isolated (stub process)", f"{iso_rps:9.0f} req/s")
+
+    sys.stdout.write("\n".join(lines) + "\n")
+    passed = sum(verdicts)
+    sys.stdout.write(f"{passed}/{len(verdicts)} targets met\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

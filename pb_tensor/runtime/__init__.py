@@ -1,0 +1,55 @@
+"""Run Triton Python models without a server: a model repository and a local runtime.
+
+::
+
+    from pb_tensor.runtime import ModelRepository
+
+    with ModelRepository("path/to/model_repository") as repo:
+        with repo.load("add_sub") as model:            # its own stub process, as in Triton
+            out = model.infer({"INPUT0": a, "INPUT1": b})
+
+``model.py`` files run unchanged: ``import triton_python_backend_utils as pb_utils`` gives
+:mod:`pb_tensor.utils` inside loaded models. See ``docs/runtime.md``.
+
+The names are imported on first use, so that the command line and the stub processes do not
+pay for (or need) protobuf, which only reading ``config.pbtxt`` requires.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pb_tensor.runtime._errors import InferenceError, ModelLoadError
+    from pb_tensor.runtime._model import LoadedModel
+    from pb_tensor.runtime._repository import ModelRepository, example_repository
+
+__all__ = [
+    "InferenceError",
+    "LoadedModel",
+    "ModelLoadError",
+    "ModelRepository",
+    "example_repository",
+]
+
+_WHERE = {
+    "InferenceError": "pb_tensor.runtime._errors",
+    "ModelLoadError": "pb_tensor.runtime._errors",
+    "LoadedModel": "pb_tensor.runtime._model",
+    "ModelRepository": "pb_tensor.runtime._repository",
+    "example_repository": "pb_tensor.runtime._repository",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pb_tensor.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

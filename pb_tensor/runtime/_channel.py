@@ -1,0 +1,95 @@
+"""The control channel between the runtime and a stub process.
+
+Small control messages travel pickled over a local socket pair; tensors never do. Each
+message is ``(kind, handles, body)``: ``handles`` are records the sender saved in the shared
+``SharedMemoryPool`` (Triton's record layout), which the receiver loads zero-copy as
+``Tensor`` objects before anything else reads the message.
+
+Record lifetime: the sender keeps the saving tensors alive until the receiver has loaded them.
+Every message carries the sequence number of the last message its sender received (and so
+loaded); the peer drops what it held for messages up to that number. This is correct whether
+a loaded record takes over the saver's reference or holds one of its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pb_tensor import Tensor
+from pb_tensor.shm import SharedMemoryPool
+
+__all__ = ["Channel", "ChannelClosed", "Message"]
+
+Message = tuple[str, list[Tensor], Any]
+"""A received message: kind, the tensors it carried (loaded), and its body."""
+
+
+class ChannelClosed(Exception):
+    """The peer process went away (exited, crashed or closed its end)."""
+
+
+class Channel:
+    """One end of a stub's control channel (thread-safe for senders; one reader)."""
+
+    def __init__(self, conn: Connection, pool: SharedMemoryPool) -> None:
+        self.conn = conn
+        self.pool = pool
+        self._send_lock = threading.Lock()
+        self._out_seq = 0
+        self._in_seq = 0
+        self._held: deque[tuple[int, object]] = deque()
+
+    def send(self, kind: str, body: Any = None, tensors: Sequence[Tensor] = ()) -> None:
+        """Save ``tensors`` into the pool (once each) and send the message.
+
+        Raises:
+            ChannelClosed: the peer is gone.
+            TritonModelException: a tensor cannot be saved (pool exhausted, GPU without CUDA).
+        """
+        handles = tuple(t.save_to_shared_memory(self.pool) for t in tensors)
+        with self._send_lock:
+            self._out_seq += 1
+            if tensors:
+                self._held.append((self._out_seq, list(tensors)))
+            try:
+                self.conn.send((self._out_seq, self._in_seq, kind, handles, body))
+            except (OSError, EOFError, ValueError) as exc:
+                raise ChannelClosed(str(exc)) from None
+
+    def poll(self, timeout: float | None) -> bool:
+        """Whether a message (or the peer's end of stream) is ready within ``timeout``."""
+        try:
+            return bool(self.conn.poll(timeout))
+        except (OSError, EOFError, ValueError):
+            return True
+
+    def recv(self) -> Message:
+        """The next message, its tensors loaded (blocks).
+
+        Raises:
+            ChannelClosed: the peer is gone.
+        """
+        try:
+            seq, acked, kind, handles, body = self.conn.recv()
+        except (OSError, EOFError, ValueError) as exc:
+            raise ChannelClosed(str(exc) or "end of stream") from None
+        tensors = [Tensor.load_from_shared_memory(self.pool, h) for h in handles]
+        with self._send_lock:
+            self._in_seq = seq
+            held = self._held
+            while held and held[0][0] <= acked:
+                held.popleft()
+        return kind, tensors, body
+
+    def release_all(self) -> None:
+        """Drop every tensor held for the peer (the peer is gone or finished)."""
+        with self._send_lock:
+            self._held.clear()
+
+    def close(self) -> None:
+        """Close the socket (the peer sees end of stream)."""
+        self.conn.close()

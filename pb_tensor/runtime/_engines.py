@@ -1,0 +1,516 @@
+"""Where a loaded model's instance runs: in this process, or in a stub process.
+
+Both engines turn a batch of requests into a stream of :class:`Reply` objects, one or more
+per request, the last one of each request carrying the final flag. :class:`Tracker` holds the
+rules for when a batch is finished (every request got its final flag and ``execute``
+returned), shared by both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import socket
+import subprocess
+import sys
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
+
+import pb_tensor
+from pb_tensor import Tensor
+from pb_tensor.runtime._channel import Channel, ChannelClosed
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._host import (
+    HostInfo,
+    ModelHost,
+    RequestData,
+)
+from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
+from pb_tensor.shm import SharedMemoryPool
+
+__all__ = ["Engine", "InProcessEngine", "Reply", "StubEngine", "StubFailure", "Tracker"]
+
+log = logging.getLogger("pb_tensor.runtime")
+
+FINAL = 1
+_STARTUP_TIMEOUT = 120.0
+_FINALIZE_TIMEOUT = 30.0
+_ACK_BYTES = 1 << 20
+
+
+@dataclass
+class Reply:
+    """One response to request ``index`` of a batch (or the flags-only final one)."""
+
+    index: int
+    tensors: list[Tensor]
+    error: InferenceError | None
+    parameters: str
+    flags: int
+    has_response: bool
+
+
+class Tracker:
+    """Finishes a batch as Triton does: each request ends with its final flag; requests of a
+    failed ``execute`` end with its error; a non-decoupled request that got no response ends
+    when ``execute`` returns."""
+
+    __slots__ = ("decoupled", "instance_name", "pending", "returned")
+
+    def __init__(self, size: int, decoupled: bool, instance_name: str) -> None:
+        self.decoupled = decoupled
+        self.instance_name = instance_name
+        self.pending = set(range(size))
+        self.returned = False
+
+    @property
+    def finished(self) -> bool:
+        return self.returned and not self.pending
+
+    def reply(self, r: Reply) -> list[Reply]:
+        if r.index not in self.pending:
+            return []  # after a batch error, or a second final: nobody is waiting for it
+        if r.flags & FINAL:
+            self.pending.discard(r.index)
+        return [r] if (r.has_response or r.error is not None or r.flags & FINAL) else []
+
+    def done(self, error: str | None) -> list[Reply]:
+        self.returned = True
+        if not self.pending:
+            return []
+        if error is not None:
+            return self.fail(InferenceError(error, TritonError.INTERNAL))
+        if self.decoupled:
+            return []
+        return self.fail(
+            InferenceError(
+                f"Failed to process the request(s) for model '{self.instance_name}', message: "
+                "the model neither returned nor sent a response for the request",
+                TritonError.INTERNAL,
+            )
+        )
+
+    def fail(self, error: InferenceError) -> list[Reply]:
+        out = [Reply(i, [], error, "{}", FINAL, False) for i in sorted(self.pending)]
+        self.pending.clear()
+        self.returned = True
+        return out
+
+
+class Engine(Protocol):
+    """What :class:`~pb_tensor.runtime.LoadedModel` runs requests on."""
+
+    def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]: ...
+    def metrics(self) -> dict[str, Any]: ...
+    def is_ready(self) -> tuple[bool, str | None]: ...
+    def stop(self) -> str | None: ...
+    @property
+    def pid(self) -> int | None: ...
+
+
+def _reply_from(index: int, response: InferenceResponse | None, flags: int) -> Reply:
+    if response is None:
+        return Reply(index, [], None, "{}", flags, False)
+    err = response.error()
+    error = None if err is None else InferenceError(err.message(), int(err.code()))
+    return Reply(index, response.output_tensors(), error, response.parameters(), flags, True)
+
+
+def _never_cancelled(index: int) -> bool:
+    return False
+
+
+class InProcessEngine:
+    """The model runs in this process, in the calling thread (``isolated=False``).
+
+    A ``timeout`` limits only the wait for responses sent after ``execute`` returned (a
+    decoupled model's background threads): code running in this thread cannot be stopped.
+    """
+
+    def __init__(self, info: HostInfo, cls: type, backend: ModelBackend) -> None:
+        self.host = ModelHost(info, cls, backend)
+        self.host.initialize()
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
+        info = self.host.info
+        tracker = Tracker(len(batch), info.decoupled, info.instance_name)
+        if not info.decoupled:
+            # Every response arrives before execute returns: a list is enough.
+            sent: list[tuple[int, InferenceResponse | None, int]] = []
+            requests = self.host.build_requests(
+                batch, lambda i, r, f: sent.append((i, r, f)), _never_cancelled
+            )
+            error = self.host.execute(requests)
+            for item in sent:
+                yield from tracker.reply(_reply_from(*item))
+            yield from tracker.done(error)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        events: queue.SimpleQueue[tuple[int, InferenceResponse | None, int]] = (
+            queue.SimpleQueue()
+        )
+        cancelled: set[int] = set()
+        requests = self.host.build_requests(
+            batch, lambda i, r, f: events.put((i, r, f)), cancelled.__contains__
+        )
+        error = self.host.execute(requests)
+        try:
+            while True:
+                try:
+                    item = events.get_nowait()
+                except queue.Empty:
+                    break
+                yield from tracker.reply(_reply_from(*item))
+            yield from tracker.done(error)
+            while not tracker.finished:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                try:
+                    if remaining is not None and remaining <= 0:
+                        raise queue.Empty
+                    item = events.get(timeout=remaining)
+                except queue.Empty:
+                    cancelled.update(tracker.pending)
+                    yield from tracker.fail(
+                        InferenceError(
+                            f"Failed to process the request(s) for model instance "
+                            f"'{info.instance_name}', message: no final response within "
+                            f"the timeout of {timeout} s",
+                            TritonError.UNAVAILABLE,
+                        )
+                    )
+                    return
+                yield from tracker.reply(_reply_from(*item))
+        finally:
+            if not tracker.finished:
+                # The caller stopped reading early: cancel, and give the model a moment to
+                # send its final flags (their responses are dropped).
+                cancelled.update(tracker.pending)
+                if not tracker.returned:
+                    tracker.done(error)
+                end = time.monotonic() + 10.0
+                while not tracker.finished and time.monotonic() < end:
+                    try:
+                        item = events.get(timeout=max(0.0, end - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    tracker.reply(_reply_from(*item))
+
+    def metrics(self) -> dict[str, Any]:
+        from pb_tensor.runtime._seam import metric_snapshot
+
+        return metric_snapshot()
+
+    def is_ready(self) -> tuple[bool, str | None]:
+        return self.host.is_ready()
+
+    def stop(self) -> str | None:
+        return self.host.finalize()
+
+
+class StubFailure(Exception):
+    """The stub could not load or initialize the model; ``str()`` is Triton's message."""
+
+
+def _kill(proc: subprocess.Popen[bytes], channel: Channel) -> None:
+    """Last resort at garbage collection or exit: no stub outlives its runtime."""
+    with contextlib.suppress(OSError):
+        channel.close()
+    if proc.poll() is None:
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(Exception):
+            proc.wait(5)
+
+
+Handler = Callable[["StubEngine", str, list[Tensor], Any], None]
+
+
+class StubEngine:
+    """The model runs in its own process, as Triton runs every Python model instance."""
+
+    def __init__(
+        self,
+        pool: SharedMemoryPool,
+        model_path: str,
+        name: str,
+        handler: Handler,
+    ) -> None:
+        self.pool = pool
+        self.model_path = model_path
+        self.name = name
+        self._handler = handler
+        self.info: HostInfo | None = None
+        self.channel: Channel | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
+
+    # -- process ------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def spawn(self, config: dict[str, Any] | None) -> dict[str, Any] | None:
+        """Start a stub, import the model and run ``auto_complete_config`` on ``config``
+        (None: skip it); the completed configuration.
+
+        Raises:
+            StubFailure: the model cannot be imported, or the stub died or did not answer.
+        """
+        ours, theirs = socket.socketpair()
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(pb_tensor.__file__)))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_root, env.get("PYTHONPATH", "")) if p
+        )
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pb_tensor.runtime._stub", str(theirs.fileno()),
+                 self.pool.name],
+                pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+        finally:
+            theirs.close()
+        self.channel = Channel(Connection(ours.detach()), self.pool)
+        self._finalizer = weakref.finalize(self, _kill, self.proc, self.channel)
+        body = {
+            "name": self.name, "model_path": self.model_path, "config": config,
+            "sys_path": list(sys.path),
+            "log_level": logging.getLogger("pb_tensor.runtime").getEffectiveLevel(),
+        }  # fmt: skip
+        self.channel.send("load", body)
+        kind, _, result = self._expect(("loaded", "failed"), _STARTUP_TIMEOUT)
+        if kind == "failed":
+            self.kill()
+            raise StubFailure(result)
+        return result  # type: ignore[no-any-return]
+
+    def initialize(self, info: HostInfo) -> None:
+        """Send ``initialize(args)`` to a spawned stub.
+
+        Raises:
+            StubFailure: ``initialize`` raised (Triton's text), or the stub died.
+        """
+        self.info = info
+        if self.channel is None:
+            raise StubFailure("the stub process is not running")
+        self.channel.send("init", info.__dict__)
+        kind, _, result = self._expect(("ready", "failed"), _STARTUP_TIMEOUT)
+        if kind == "failed":
+            self.kill()
+            raise StubFailure(result)
+
+    def restart(self) -> None:
+        """A fresh stub for the same model (after a crash or a timeout)."""
+        if self.info is None:
+            raise StubFailure("the model was never initialized")
+        self.kill()
+        self.spawn(None)
+        self.initialize(self.info)
+
+    def _expect(self, kinds: tuple[str, ...], timeout: float) -> tuple[str, list[Tensor], Any]:
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                kind, tensors, body = self._next(deadline)
+                if kind in kinds:
+                    return kind, tensors, body
+                self._handler(self, kind, tensors, body)
+        except (ChannelClosed, TimeoutError) as exc:
+            self.kill()
+            raise StubFailure(
+                f"Stub process for model '{self.name}' failed to start: {exc}"
+            ) from None
+
+    def _next(self, deadline: float | None) -> tuple[str, list[Tensor], Any]:
+        channel = self.channel
+        if channel is None:
+            raise ChannelClosed("the stub process is not running")
+        while True:
+            if deadline is not None:
+                remaining = max(0.0, deadline - time.monotonic())
+                if not channel.poll(remaining):
+                    raise TimeoutError(f"no answer within {remaining} s")
+            kind, tensors, body = channel.recv()
+            if kind == "log":
+                _emit(body, self.pid)
+                continue
+            return kind, tensors, body
+
+    def kill(self) -> None:
+        """Kill the stub (if running) and forget it."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        self.proc = None
+        self.channel = None
+
+    # -- requests -----------------------------------------------------------------------------
+    def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
+        info = self.info
+        if info is None:
+            raise StubFailure("the model was never initialized")
+        if not self.alive:
+            log.warning("restarting the stub process of model instance '%s'",
+                        info.instance_name)
+            self.restart()
+        channel = self.channel
+        if channel is None:  # restart raised or gave nothing
+            raise StubFailure("the stub process is not running")
+        tracker = Tracker(len(batch), info.decoupled, info.instance_name)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        tensors: list[Tensor] = []
+        body = []
+        for r in batch:
+            tensors.extend(r.inputs)
+            body.append((len(r.inputs), r.requested_outputs, r.request_id, r.correlation_id,
+                         r.flags, r.parameters, r.timeout_us))
+        try:
+            channel.send("execute", body, tensors)
+            received = 0
+            while not tracker.finished:
+                kind, out, msg = self._next(deadline)
+                for t in out:
+                    received += t.byte_size
+                if kind == "response":
+                    index, error, parameters, flags, has_response = msg
+                    err = None if error is None else InferenceError(error[0], error[1])
+                    yield from tracker.reply(
+                        Reply(index, out, err, parameters, flags, has_response)
+                    )
+                elif kind == "done":
+                    for reply in _batched(msg[1], out):
+                        yield from tracker.reply(reply)
+                    yield from tracker.done(msg[0])
+                else:
+                    self._handler(self, kind, out, msg)
+            if received >= _ACK_BYTES:
+                # The stub holds what it sent until told it was loaded; say so now rather than
+                # with the next request, so large responses do not stay pinned while idle.
+                channel.send("ack")
+        except ChannelClosed:
+            self.kill()
+            yield from tracker.fail(
+                InferenceError(
+                    f"Failed to process the request(s) for model instance "
+                    f"'{info.instance_name}', message: Stub process '{info.instance_name}' is "
+                    "not healthy.",
+                    TritonError.INTERNAL,
+                )
+            )
+        except TimeoutError:
+            self.kill()
+            yield from tracker.fail(
+                InferenceError(
+                    f"Failed to process the request(s) for model instance "
+                    f"'{info.instance_name}', message: Stub process '{info.instance_name}' did "
+                    f"not respond within the timeout of {timeout} s and was killed.",
+                    TritonError.UNAVAILABLE,
+                )
+            )
+        finally:
+            if not tracker.finished and self.channel is not None:
+                # The caller stopped reading early: cancel and drain, so the channel stays
+                # in step; a stub that does not finish in time is killed.
+                self._drain(tracker, min(timeout or 10.0, 10.0))
+
+    def _drain(self, tracker: Tracker, timeout: float) -> None:
+        channel = self.channel
+        if channel is None:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            for index in sorted(tracker.pending):
+                channel.send("cancel", index)
+            while not tracker.finished:
+                kind, out, msg = self._next(deadline)
+                if kind == "response":
+                    tracker.reply(Reply(msg[0], out, None, msg[2], msg[3], msg[4]))
+                elif kind == "done":
+                    for reply in _batched(msg[1], out):
+                        tracker.reply(reply)
+                    tracker.done(msg[0])
+                else:
+                    self._handler(self, kind, out, msg)
+        except (ChannelClosed, TimeoutError):
+            self.kill()
+
+    def send(self, kind: str, body: Any, tensors: list[Tensor] | None = None) -> None:
+        """Answer the stub (BLS replies, model-control replies)."""
+        if self.channel is not None:
+            self.channel.send(kind, body, tensors or ())
+
+    def is_ready(self) -> tuple[bool, str | None]:
+        name = self.info.instance_name if self.info is not None else self.name
+        if self.channel is None or not self.alive:
+            return False, f"Stub process '{name}' is not healthy."
+        try:
+            self.channel.send("is_ready")
+            _, _, (ready, error) = self._expect(("ready_state",), 30.0)
+        except StubFailure:
+            return False, f"Stub process '{name}' is not healthy."
+        return bool(ready), error
+
+    def metrics(self) -> dict[str, Any]:
+        if self.channel is None or not self.alive:
+            return {}
+        try:
+            self.channel.send("metrics")
+            _, _, snapshot = self._expect(("metrics",), 30.0)
+        except StubFailure:
+            return {}
+        return snapshot  # type: ignore[no-any-return]
+
+    def stop(self) -> str | None:
+        """``finalize`` in the stub, then let it exit (killed if it does not in time)."""
+        error = None
+        proc, channel = self.proc, self.channel
+        if proc is not None and channel is not None and proc.poll() is None:
+            try:
+                channel.send("finalize")
+                deadline = time.monotonic() + _FINALIZE_TIMEOUT
+                while True:
+                    kind, out, msg = self._next(deadline)
+                    if kind == "finalized":
+                        error = msg
+                        break
+                    if kind not in ("response", "done"):
+                        self._handler(self, kind, out, msg)
+                proc.wait(_FINALIZE_TIMEOUT)
+            except (ChannelClosed, TimeoutError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+        return error
+
+
+def _batched(replies: list[tuple[Any, ...]], tensors: list[Tensor]) -> Iterator[Reply]:
+    """The responses a "done" message carries, each with its share of the tensors."""
+    at = 0
+    for index, error, parameters, flags, has_response, count in replies:
+        err = None if error is None else InferenceError(error[0], error[1])
+        yield Reply(index, tensors[at : at + count], err, parameters, flags, has_response)
+        at += count
+
+
+def _emit(body: dict[str, Any], pid: int | None) -> None:
+    """Re-emit a stub's log record in this process's ``logging``."""
+    logger = logging.getLogger(body["name"])
+    if not logger.isEnabledFor(body["levelno"]):
+        return
+    record = logging.makeLogRecord(
+        {**body, "args": None, "exc_info": None, "process": pid}
+    )
+    logger.handle(record)

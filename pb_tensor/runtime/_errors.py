@@ -1,0 +1,39 @@
+"""Exceptions of :mod:`pb_tensor.runtime`."""
+
+from __future__ import annotations
+
+from pb_tensor.errors import TritonModelException
+from pb_tensor.runtime._seam import TritonError
+
+__all__ = ["InferenceError", "ModelLoadError"]
+
+
+class InferenceError(TritonModelException):
+    """A request failed: invalid for the model's configuration, answered with an error
+    response, or the model raised, crashed or timed out.
+
+    ``message()`` is Triton's text, ``code()`` the ``TritonError`` status code (an
+    ``IntEnum``: ``TritonError.INVALID_ARG`` ...).
+    """
+
+    def __init__(self, message: str, code: int = TritonError.INTERNAL) -> None:
+        super().__init__(message)
+        self._message = message
+        self._code = TritonError(message, code).code()
+
+    def message(self) -> str:
+        """Triton's error message."""
+        return self._message
+
+    def code(self) -> int:
+        """The status code, one of the ``TritonError`` codes."""
+        return self._code
+
+    def __reduce__(self) -> tuple[type[InferenceError], tuple[str, int]]:
+        return (type(self), (self._message, int(self._code)))
+
+
+class ModelLoadError(TritonModelException):
+    """A model could not be loaded: a missing or malformed ``config.pbtxt``, a missing
+    ``model.py``, no ``TritonPythonModel`` class, or ``auto_complete_config`` /
+    ``initialize`` raised. The message names the model, the file and Triton's message."""

@@ -1,0 +1,360 @@
+"""Hosting one model instance: import ``model.py``, ``auto_complete_config``, ``initialize``,
+``execute`` with upstream's checks of what it returns, ``finalize``.
+
+The same code runs in a stub process (isolated mode) and in the caller's process
+(``isolated=False``); only where responses go (the ``sink``) and where BLS calls go (the
+backend) differ.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import itertools
+import logging
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from pb_tensor import Tensor
+from pb_tensor.errors import TritonModelException
+from pb_tensor.runtime._seam import (
+    InferenceRequest,
+    InferenceResponse,
+    InferenceResponseSender,
+    ModelBackend,
+    ModelConfig,
+    close_sender,
+    make_request,
+    set_backend,
+)
+
+__all__ = [
+    "HostInfo",
+    "ModelHost",
+    "RequestData",
+    "Sink",
+    "UserModelError",
+    "format_exception",
+    "install_pb_utils",
+    "load_model_module",
+]
+
+log = logging.getLogger("pb_tensor.runtime")
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+_module_ids = itertools.count()
+
+
+class UserModelError(Exception):
+    """Loading the user's model failed; ``str()`` is Triton's message."""
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """Everything a host needs to know about the model instance it runs."""
+
+    name: str
+    version: int
+    model_dir: str
+    model_path: str
+    instance_name: str
+    instance_kind: str
+    device_id: int
+    config_json: str
+    decoupled: bool
+
+    def initialize_args(self) -> dict[str, str]:
+        """``initialize(args)``: the keys and string values Triton's stub launcher passes."""
+        return {
+            "model_config": self.config_json,
+            "model_instance_kind": self.instance_kind,
+            "model_instance_name": self.instance_name,
+            "model_instance_device_id": str(self.device_id),
+            "model_repository": self.model_dir,
+            "model_version": str(self.version),
+            "model_name": self.name,
+        }
+
+
+@dataclass
+class RequestData:
+    """One request as the runtime hands it to a host (inputs already as tensors)."""
+
+    inputs: list[Tensor]
+    requested_outputs: list[str]
+    request_id: str = ""
+    correlation_id: int | str = 0
+    flags: int = 0
+    parameters: str = "{}"
+    timeout_us: int = 0
+
+
+Sink = Callable[[int, InferenceResponse | None, int], None]
+"""Where responses go: ``sink(request_index, response_or_None, flags)``."""
+
+
+def format_exception(exc: BaseException) -> str:
+    """An exception as pybind11's ``error_already_set.what()`` prints it (what Triton puts
+    in its error messages): ``Type: message``, then the frames, innermost first."""
+    text = f"{type(exc).__name__}: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        text += "\n\nAt:\n" + "".join(
+            f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames)
+        )
+    return text
+
+
+def install_pb_utils() -> None:
+    """Make ``import triton_python_backend_utils`` give :mod:`pb_tensor.utils` (in-memory
+    only; nothing is written to site-packages). A real module already imported is kept."""
+    import pb_tensor.utils as pb_utils
+
+    if pb_utils.MODULE_NAME not in sys.modules:
+        pb_utils.install()
+
+
+def load_model_module(model_path: str, model_name: str) -> ModuleType:
+    """Import ``model.py`` under a name of its own (several models and versions can live in
+    one process); its directory goes on ``sys.path`` for sibling imports, as in Triton.
+
+    Raises:
+        UserModelError: the file is missing (Triton's message) or importing it raised.
+    """
+    if not os.path.isfile(model_path):
+        raise UserModelError(f"Python model file not found in '{model_path}'")
+    install_pb_utils()
+    directory = os.path.dirname(os.path.abspath(model_path))
+    if directory not in sys.path:
+        sys.path.append(directory)
+    safe = "".join(c if c.isalnum() else "_" for c in model_name)
+    module_name = f"_pb_tensor_model_{safe}_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(module_name, model_path)
+    if spec is None or spec.loader is None:
+        raise UserModelError(f"Python model file not found in '{model_path}'")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:
+        sys.modules.pop(module_name, None)
+        if not isinstance(exc, Exception | SystemExit):
+            raise
+        raise UserModelError(format_exception(exc)) from exc
+    return module
+
+
+def model_class(module: ModuleType) -> type:
+    """``TritonPythonModel`` of a loaded ``model.py``.
+
+    Raises:
+        UserModelError: the module defines none (the ``AttributeError`` text Triton shows).
+    """
+    cls = getattr(module, "TritonPythonModel", None)
+    if not isinstance(cls, type):
+        raise UserModelError(
+            "AttributeError: module 'model' has no attribute 'TritonPythonModel'"
+            if cls is None
+            else f"TypeError: 'TritonPythonModel' in model.py is a {type(cls).__name__}, "
+            "not a class"
+        )
+    return cls
+
+
+def run_auto_complete(cls: type, name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """Call ``cls.auto_complete_config`` when defined; the completed configuration.
+
+    Raises:
+        UserModelError: it raised or returned something else than a ``pb_utils.ModelConfig``
+            (Triton's message).
+    """
+    fn = getattr(cls, "auto_complete_config", None)
+    if fn is None:
+        return config
+    try:
+        result = fn(ModelConfig(config))
+    except Exception as exc:
+        raise UserModelError(format_exception(exc)) from exc
+    if not isinstance(result, ModelConfig):
+        raise UserModelError(
+            f"auto_complete_config function in model '{name}' must return a valid "
+            "pb.ModelConfig object."
+        )
+    completed: dict[str, Any] = result.as_dict()
+    return completed
+
+
+class ModelHost:
+    """One running ``TritonPythonModel`` instance."""
+
+    def __init__(self, info: HostInfo, cls: type, backend: ModelBackend) -> None:
+        self.info = info
+        self._cls = cls
+        self._backend = backend
+        self._instance: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def initialize(self) -> None:
+        """Instantiate the class and call ``initialize(args)`` when defined.
+
+        Raises:
+            UserModelError: the constructor or ``initialize`` raised (Triton's text).
+        """
+        previous = set_backend(self._backend)
+        try:
+            self._instance = self._cls()
+            init = getattr(self._instance, "initialize", None)
+            if init is not None:
+                init(self.info.initialize_args())
+        except Exception as exc:
+            raise UserModelError(format_exception(exc)) from exc
+        finally:
+            set_backend(previous)
+
+    def is_ready(self) -> tuple[bool, str | None]:
+        """The model's own ``is_ready()`` when defined (True otherwise); an error text when it
+        raised or did not return a bool (upstream's message)."""
+        fn = getattr(self._instance, "is_ready", None)
+        if fn is None:
+            return self._instance is not None, None
+        previous = set_backend(self._backend)
+        try:
+            result = fn()
+        except Exception as exc:
+            return False, format_exception(exc)
+        finally:
+            set_backend(previous)
+        if not isinstance(result, bool):
+            return False, "is_ready() must return a boolean value"
+        return result, None
+
+    def finalize(self) -> str | None:
+        """Call ``finalize()`` when defined; the error text if it raised."""
+        instance, self._instance = self._instance, None
+        previous = set_backend(self._backend)
+        try:
+            fin = getattr(instance, "finalize", None)
+            if fin is not None:
+                fin()
+        except Exception as exc:
+            log.error("finalize of model '%s' raised: %s", self.info.name, exc)
+            return format_exception(exc)
+        finally:
+            set_backend(previous)
+            if self._loop is not None:
+                self._loop.close()
+                self._loop = None
+        return None
+
+    # -- execute ------------------------------------------------------------------------------
+    def build_requests(
+        self,
+        batch: Sequence[RequestData],
+        sink: Sink,
+        is_cancelled: Callable[[int], bool],
+    ) -> list[InferenceRequest]:
+        """The ``InferenceRequest`` objects ``execute`` receives, each with its sender."""
+        requests = []
+        for i, data in enumerate(batch):
+            sender = InferenceResponseSender(
+                (lambda r, f, i=i: sink(i, r, f)),  # type: ignore[misc]
+                (lambda i=i: is_cancelled(i)),  # type: ignore[misc]
+                decoupled=self.info.decoupled,
+                requested_output_names=data.requested_outputs,
+            )
+            requests.append(
+                make_request(
+                    data.inputs,
+                    data.requested_outputs,
+                    model_name=self.info.name,
+                    model_version=self.info.version,
+                    request_id=data.request_id,
+                    correlation_id=data.correlation_id,
+                    flags=data.flags,
+                    timeout=data.timeout_us,
+                    parameters=None if data.parameters == "{}" else data.parameters,
+                    sender=sender,
+                )
+            )
+        return requests
+
+    def execute(self, requests: list[InferenceRequest]) -> str | None:
+        """Run ``execute`` on ``requests``; responses go to each request's sender.
+
+        Returns None on success, or Triton's message for the whole batch
+        (``Failed to process the request(s) for model '<instance>', message: ...``); the
+        senders of a failed batch are closed.
+        """
+        with self._lock:
+            previous = set_backend(self._backend)
+            try:
+                error = self._execute(requests)
+            finally:
+                set_backend(previous)
+        if error is not None:
+            error = (
+                f"Failed to process the request(s) for model '{self.info.instance_name}', "
+                f"message: {error}"
+            )
+            log.error("%s", error)
+            for request in requests:
+                close_sender(request.get_response_sender())
+        elif not self.info.decoupled:
+            for request in requests:
+                close_sender(request.get_response_sender())
+        return error
+
+    def _execute(self, requests: list[InferenceRequest]) -> str | None:
+        instance = self._instance
+        if instance is None or not hasattr(instance, "execute"):
+            return (
+                f"Python model {self.info.model_path} does not implement `execute` method."
+            )
+        try:
+            returned = instance.execute(requests)
+            if asyncio.iscoroutine(returned):
+                if self._loop is None:
+                    self._loop = asyncio.new_event_loop()
+                returned = self._loop.run_until_complete(returned)
+            return self._process_returned(requests, returned)
+        except (Exception, SystemExit) as exc:
+            return format_exception(exc)
+
+    def _process_returned(self, requests: list[InferenceRequest], returned: object) -> str | None:
+        if returned is None:
+            return None
+        if self.info.decoupled:
+            return (
+                f"Python model '{self.info.instance_name}' is using the decoupled mode and the "
+                "execute function must return None."
+            )
+        if not isinstance(returned, list):
+            return f"Expected a list in the execute return, found type '{type(returned)}'."
+        if len(returned) != len(requests):
+            return (
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
+                f"InferenceResponse(s) size is:{len(returned)}\n"
+            )
+        for request, response in zip(requests, returned):
+            if response is None:
+                continue
+            if not isinstance(response, InferenceResponse):
+                return (
+                    "Expected an 'InferenceResponse' object in the execute function return "
+                    f"list, found type '{type(response)}'."
+                )
+            try:
+                request.get_response_sender().send(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except TritonModelException as exc:
+                return str(exc)
+        return None

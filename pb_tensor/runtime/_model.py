@@ -1,0 +1,457 @@
+"""``LoadedModel``: one loaded model version and the calls that run requests on it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
+from pb_tensor.runtime._engines import FINAL, Engine, Reply, StubEngine
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._host import RequestData
+from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
+from pb_tensor.runtime._validate import ModelSpec, validate_request
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from pb_tensor.runtime._repository import ModelRepository
+
+__all__ = ["InputValue", "LoadedModel", "Outputs"]
+
+log = logging.getLogger("pb_tensor.runtime")
+
+InputValue = Any
+"""An input value: a ``Tensor``, a numpy array, anything with ``__dlpack__`` (torch, JAX),
+or what ``numpy.asarray`` accepts (lists of numbers, of ``str`` or ``bytes`` for BYTES)."""
+
+Outputs = dict[str, npt.NDArray[Any]]
+"""A response's outputs by name: numpy arrays (zero-copy views of the response's memory;
+BYTES outputs are ``object`` arrays of ``bytes``)."""
+
+ParameterValue = bool | int | str
+
+
+def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
+    """An input value as a ``Tensor`` named ``name`` (zero-copy where the value allows).
+
+    Plain Python values (numbers, lists) take ``dtype`` (the configured numpy type), as a
+    JSON request body does in Triton; arrays and tensors keep their own.
+
+    Raises:
+        TritonModelException: a dtype Triton has no type for.
+    """
+    if type(value) is np.ndarray and value.dtype.kind in "biuf":
+        return Tensor(name, value)  # the common case, first
+    if isinstance(value, Tensor):
+        if value.name() == name:
+            return value
+        return Tensor(name, value.as_numpy())
+    if isinstance(value, np.ndarray):
+        array = value
+    elif hasattr(value, "__dlpack__") and not isinstance(value, (bytes, str)):
+        return Tensor.from_dlpack(name, value)
+    else:
+        array = np.asarray(value)
+        if (
+            dtype is not None
+            and array.dtype.kind in "biuf"
+            and np.can_cast(array.dtype, dtype, casting="same_kind")
+        ):
+            array = array.astype(dtype)
+    if array.dtype.kind == "U" or (
+        array.dtype.kind == "O" and any(isinstance(x, str) for x in array.flat)
+    ):
+        # Text reaches models as Triton delivers BYTES: bytes objects (UTF-8).
+        array = np.array(
+            [x.encode("utf-8") if isinstance(x, str) else x for x in array.flat], dtype=object
+        ).reshape(array.shape)
+    return Tensor(name, array)
+
+
+def outputs_of(reply: Reply) -> Outputs:
+    """The numpy arrays of a reply's tensors, by name."""
+    return {t.name(): t.as_numpy() for t in reply.tensors}
+
+
+def response_of(reply: Reply) -> InferenceResponse:
+    """A reply as the ``InferenceResponse`` a BLS caller receives."""
+    error = None
+    if reply.error is not None:
+        error = TritonError(reply.error.message(), reply.error.code())
+    params = json.loads(reply.parameters) if reply.parameters else None
+    return InferenceResponse(output_tensors=reply.tensors, error=error, parameters=params or None)
+
+
+class LoadedModel:
+    """A model version loaded by :meth:`ModelRepository.load`, ready for requests.
+
+    Requests are validated against the configuration as Triton validates them, then run by
+    the model's ``execute`` (in its stub process, or here with ``isolated=False``). Calls on
+    one model are serialized, as on a single Triton instance. A context manager: leaving it
+    calls :meth:`unload`.
+    """
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        name: str,
+        version: int,
+        config: dict[str, Any],
+        spec: ModelSpec,
+        isolated: bool,
+        decoupled: bool,
+        instance_name: str,
+        timeout: float | None,
+    ) -> None:
+        self._repository = repository
+        self._name = name
+        self._version = version
+        self._config = config
+        self._spec = spec
+        self._isolated = isolated
+        self._decoupled = decoupled
+        self._instance_name = instance_name
+        self._timeout = timeout
+        self._engine: Engine | None = None
+        self._lock = threading.RLock()
+        self._busy_thread: int | None = None
+        self._input_dtypes: dict[str, Any] = {}
+        for io in spec.inputs:
+            if io.dtype != TritonDtype.TYPE_BYTES:
+                self._input_dtypes[io.name] = triton_to_numpy_type(io.dtype)
+
+    def _attach(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The model's name."""
+        return self._name
+
+    @property
+    def version(self) -> int:
+        """The loaded version."""
+        return self._version
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The completed configuration (after ``auto_complete_config``), in the JSON form
+        ``initialize`` received as ``args["model_config"]``."""
+        return json.loads(json.dumps(self._config))  # type: ignore[no-any-return]
+
+    @property
+    def isolated(self) -> bool:
+        """Whether the model runs in a stub process."""
+        return self._isolated
+
+    @property
+    def decoupled(self) -> bool:
+        """Whether the model uses the decoupled transaction policy (use :meth:`stream`)."""
+        return self._decoupled
+
+    @property
+    def instance_name(self) -> str:
+        """The instance name Triton would give it (``<model>_0_0``)."""
+        return self._instance_name
+
+    @property
+    def pid(self) -> int | None:
+        """The stub's process id (None in-process or while no stub runs)."""
+        return None if self._engine is None else self._engine.pid
+
+    @property
+    def loaded(self) -> bool:
+        """False once :meth:`unload` ran."""
+        return self._engine is not None
+
+    # -- requests -----------------------------------------------------------------------------
+    def _request(
+        self,
+        inputs: Mapping[str, InputValue],
+        requested_outputs: Sequence[str] | None,
+        parameters: Mapping[str, ParameterValue] | None,
+        correlation_id: int | str,
+        flags: int,
+        request_id: str,
+    ) -> RequestData:
+        if not isinstance(inputs, Mapping):
+            raise TypeError(f"inputs must be a mapping of names to values, not {type(inputs)}")
+        return RequestData(
+            [to_tensor(n, v, self._input_dtypes.get(n)) for n, v in inputs.items()],
+            list(requested_outputs or ()),
+            request_id,
+            correlation_id,
+            flags,
+            json.dumps(dict(parameters)) if parameters else "{}",
+        )
+
+    def _replies(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
+        """Validate, run, and yield every reply (errors included) with batch indexes."""
+        valid: list[RequestData] = []
+        where: list[int] = []
+        for i, data in enumerate(batch):
+            try:
+                data.requested_outputs = validate_request(
+                    self._spec, data.inputs, data.requested_outputs, data.request_id
+                )
+            except InferenceError as exc:
+                yield Reply(i, [], exc, "{}", FINAL, False)
+                continue
+            valid.append(data)
+            where.append(i)
+        if not valid:
+            return
+        if self._busy_thread == threading.get_ident():
+            error = InferenceError(
+                f"model '{self._name}' has one instance and this thread is already using it "
+                "(a BLS request to itself, or a request made while iterating its stream)",
+                TritonError.UNAVAILABLE,
+            )
+            for i in where:
+                yield Reply(i, [], error, "{}", FINAL, False)
+            return
+        with self._lock:
+            engine = self._engine
+            if engine is None:
+                error = InferenceError(
+                    f"Request for unknown model: '{self._name}' is not found",
+                    TritonError.INVALID_ARG,
+                )
+                for i in where:
+                    yield Reply(i, [], error, "{}", FINAL, False)
+                return
+            self._busy_thread = threading.get_ident()
+            try:
+                for reply in engine.run(valid, self._timeout if timeout is None else timeout):
+                    reply.index = where[reply.index]
+                    yield reply
+            finally:
+                self._busy_thread = None
+
+    def infer(
+        self,
+        inputs: Mapping[str, InputValue],
+        *,
+        requested_outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> Outputs:
+        """Run one request; its outputs by name.
+
+        ``requested_outputs`` defaults to every configured output; ``parameters`` reach the
+        model as ``request.parameters()`` (a JSON object); ``timeout`` (seconds) overrides
+        the model's.
+
+        Raises:
+            InferenceError: the request is invalid for the configuration, the model answered
+                with an error, raised, crashed or timed out (Triton's message and code).
+            TypeError: ``inputs`` is not a mapping.
+            TritonModelException: an input value of a type Triton cannot carry.
+        """
+        data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
+                             request_id)
+        first: Reply | None = None
+        for reply in self._replies([data], timeout):
+            if first is None and (reply.has_response or reply.error is not None):
+                first = reply
+        if first is None:
+            raise InferenceError(
+                f"model '{self._name}' sent no response for the request (a decoupled model "
+                "answers through stream())",
+                TritonError.INTERNAL,
+            )
+        if first.error is not None:
+            raise first.error
+        return outputs_of(first)
+
+    def infer_many(
+        self,
+        requests: Sequence[Mapping[str, InputValue]],
+        *,
+        requested_outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        timeout: float | None = None,
+    ) -> list[Outputs | InferenceError]:
+        """Run several requests in one ``execute`` call, as Triton batches them.
+
+        Returns one entry per request, in order: its outputs, or the ``InferenceError`` of
+        that request (one failed request does not fail the others).
+
+        Raises:
+            TypeError, TritonModelException: as :meth:`infer`, for malformed inputs.
+        """
+        batch = [
+            self._request(r, requested_outputs, parameters, 0, 0, "") for r in requests
+        ]
+        results: list[Outputs | InferenceError | None] = [None] * len(batch)
+        for reply in self._replies(batch, timeout):
+            if results[reply.index] is not None:
+                continue
+            if reply.error is not None:
+                results[reply.index] = reply.error
+            elif reply.has_response:
+                results[reply.index] = outputs_of(reply)
+        missing = InferenceError(
+            f"model '{self._name}' sent no response for the request", TritonError.INTERNAL
+        )
+        return [missing if r is None else r for r in results]
+
+    def stream(
+        self,
+        inputs: Mapping[str, InputValue],
+        *,
+        requested_outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> Generator[Outputs, None, None]:
+        """Run one request and yield the outputs of each response as it arrives (decoupled
+        models send any number); the iterator ends at the final flag.
+
+        Stopping early cancels the request (``request.is_cancelled()`` turns true in the
+        model) and waits for the model to finish it.
+
+        Raises:
+            InferenceError: when the model sends an error response, raises, crashes or times
+                out, or the request is invalid (raised by the iterator).
+        """
+        data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
+                             request_id)
+        return self._stream(data, timeout)
+
+    def _stream(
+        self, data: RequestData, timeout: float | None
+    ) -> Generator[Outputs, None, None]:
+        for reply in self._replies([data], timeout):
+            if reply.error is not None:
+                raise reply.error
+            if reply.has_response:
+                yield outputs_of(reply)
+
+    # -- BLS ----------------------------------------------------------------------------------
+    def bls_replies(
+        self, request: InferenceRequest, timeout_us: int | None, decoupled: bool
+    ) -> Iterator[Reply]:
+        """Run a BLS request made by this model: route it to its target model."""
+        data = RequestData(
+            list(request.inputs()),
+            sorted(request.requested_output_names()),
+            request.request_id(),
+            request.correlation_id(),
+            request.flags(),
+            request.parameters(),
+            timeout_us or 0,
+        )
+        return self.bls_data_replies(
+            request.model_name(), request.model_version(), data, timeout_us, decoupled
+        )
+
+    def bls_data_replies(
+        self,
+        model_name: str,
+        model_version: int,
+        data: RequestData,
+        timeout_us: int | None,
+        decoupled: bool,
+    ) -> Iterator[Reply]:
+        """Replies of ``model_name`` to ``data``, with the errors Triton's BLS executor gives
+        for an unknown model or a decoupled one called without ``decoupled=True``."""
+        prefix = f"Model {model_name} - Error when running inference: "
+        try:
+            target = self._repository.bls_target(
+                model_name, model_version, self._isolated, self._timeout
+            )
+        except InferenceError as exc:
+            error = InferenceError(prefix + exc.message(), TritonError.INTERNAL)
+            return iter([Reply(0, [], error, "{}", FINAL, False)])
+        if target.decoupled and not decoupled:
+            error = InferenceError(
+                prefix + f"Model {model_name} is using the decoupled. The current BLS request "
+                "call doesn't support models using the decoupled transaction policy. Please "
+                "use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+                "decoupled models.",
+                TritonError.INTERNAL,
+            )
+            return iter([Reply(0, [], error, "{}", FINAL, False)])
+        timeout = None if not timeout_us else timeout_us / 1e6
+        return target._replies([data], timeout)
+
+    def on_stub_message(self, engine: StubEngine, kind: str, tensors: list[Tensor],
+                        body: Any) -> None:
+        """Serve a stub's request to the runtime (BLS, model control)."""
+        if kind == "bls":
+            (call_id, model_name, version, requested, request_id, correlation_id, flags,
+             parameters, timeout_us, decoupled) = body  # fmt: skip
+            data = RequestData(tensors, requested, request_id, correlation_id, flags,
+                               parameters, timeout_us)
+            for r in self.bls_data_replies(model_name, version, data, timeout_us, decoupled):
+                err = None if r.error is None else (r.error.message(), int(r.error.code()))
+                engine.send("bls_reply", (call_id, err, r.parameters, r.flags, r.has_response),
+                            r.tensors)
+            return
+        call_id, payload = body
+        try:
+            result = self._repository.control(kind, payload, self._isolated)
+        except Exception as exc:
+            engine.send("control_reply", (call_id, False, str(exc)))
+            return
+        engine.send("control_reply", (call_id, True, result))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def metrics(self) -> dict[str, Any]:
+        """The custom metrics (``pb_utils.MetricFamily``) the model recorded, by family
+        name: kind, description and each metric's labels and value."""
+        with self._lock:
+            engine = self._engine
+            return {} if engine is None else engine.metrics()
+
+    def is_ready(self) -> bool:
+        """Whether the model is ready, as Triton's readiness check says: loaded, its stub
+        healthy, and the model's own ``is_ready()`` (when it defines one) returning True. A
+        failing check is logged (``pb_tensor.runtime``) with upstream's text."""
+        with self._lock:
+            engine = self._engine
+            if engine is None:
+                return False
+            ready, error = engine.is_ready()
+        if error is not None:
+            log.error("readiness check of model '%s' failed: %s", self._name, error)
+        return ready
+
+    def unload(self) -> None:
+        """Call the model's ``finalize`` and stop its stub; later requests fail. Idempotent."""
+        with self._lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.stop()
+            self._repository.forget(self)
+
+    def __enter__(self) -> LoadedModel:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.unload()
+
+    def __repr__(self) -> str:
+        mode = "isolated" if self._isolated else "in-process"
+        state = "loaded" if self._engine is not None else "unloaded"
+        return f"<LoadedModel {self._name!r} version {self._version}, {mode}, {state}>"

@@ -1,0 +1,381 @@
+"""``ModelRepository``: Triton's model repository layout, loading models from it."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pb_tensor import Tensor
+from pb_tensor.runtime import _schema
+from pb_tensor.runtime._engines import InProcessEngine, StubEngine, StubFailure
+from pb_tensor.runtime._errors import InferenceError, ModelLoadError
+from pb_tensor.runtime._host import (
+    HostInfo,
+    UserModelError,
+    load_model_module,
+    model_class,
+    run_auto_complete,
+)
+from pb_tensor.runtime._model import LoadedModel, response_of
+from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
+from pb_tensor.runtime._validate import ModelSpec
+from pb_tensor.shm import SharedMemoryPool
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+__all__ = ["ModelRepository", "example_repository"]
+
+_POOL_SIZE = 8 << 20
+_POOL_GROWTH = 64 << 20
+
+
+def example_repository() -> str:
+    """Path of the example model repository (``examples/model_repository``) of a source
+    checkout of pb-tensor: add_sub, string_identity, torch_dlpack, decoupled_repeat,
+    bls_add_sub, auto_complete.
+
+    Raises:
+        FileNotFoundError: pb-tensor was installed from a wheel, which does not ship it.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, "examples", "model_repository")
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"no example model repository at {path!r}: it comes with a clone of the project"
+        )
+    return path
+
+
+class _LocalBackend:
+    """``pb_utils``' BLS and model-control calls of an in-process model."""
+
+    def __init__(self, model: LoadedModel, info: HostInfo) -> None:
+        self._model = model
+        self._info = info
+
+    def exec_request(
+        self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
+    ) -> InferenceResponse | Iterator[InferenceResponse]:
+        replies = self._model.bls_replies(request, timeout_us, decoupled)
+        responses = (response_of(r) for r in replies)
+        if decoupled:
+            return responses
+        first: InferenceResponse | None = None
+        for response in responses:
+            if first is None:
+                first = response
+        return first if first is not None else InferenceResponse()
+
+    def is_model_decoupled(self) -> bool:
+        return self._info.decoupled
+
+    def model_name(self) -> str:
+        return self._info.name
+
+    def model_dir(self) -> str:
+        return self._info.model_dir
+
+    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
+        self._model._repository.control(
+            "load_model", (model_name, config, files), False
+        )
+
+    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
+        self._model._repository.control(
+            "unload_model", (model_name, unload_dependents), False
+        )
+
+    def is_model_ready(self, model_name: str, model_version: str) -> bool:
+        return bool(
+            self._model._repository.control(
+                "is_model_ready", (model_name, model_version), False
+            )
+        )
+
+
+class ModelRepository:
+    """A Triton model repository on disk: ``<path>/<model>/config.pbtxt`` and
+    ``<path>/<model>/<version>/model.py``.
+
+    A context manager: closing it unloads every model it loaded (BLS targets included) and
+    removes the shared-memory pool the stubs use.
+
+    Raises:
+        ModelLoadError: ``path`` is not a directory.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = os.path.abspath(os.fspath(path))
+        if not os.path.isdir(self._path):
+            raise ModelLoadError(f"model repository {self._path!r} is not a directory")
+        self._pool: SharedMemoryPool | None = None
+        self._lock = threading.RLock()
+        self._models: list[LoadedModel] = []
+        self._bls: dict[tuple[str, int, bool], LoadedModel] = {}
+        self._closed = False
+
+    @property
+    def path(self) -> str:
+        """The repository's absolute path."""
+        return self._path
+
+    def models(self) -> list[str]:
+        """Names of the model directories (with a ``config.pbtxt`` or a version directory),
+        sorted."""
+        names = []
+        for entry in sorted(os.listdir(self._path)):
+            d = os.path.join(self._path, entry)
+            if os.path.isdir(d) and (
+                os.path.isfile(os.path.join(d, "config.pbtxt")) or self._version_dirs(d)
+            ):
+                names.append(entry)
+        return names
+
+    @staticmethod
+    def _version_dirs(model_dir: str) -> list[int]:
+        out = []
+        for entry in os.listdir(model_dir):
+            if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)):
+                out.append(int(entry))
+        return sorted(out)
+
+    def versions(self, name: str) -> list[int]:
+        """The version numbers of model ``name`` (its numeric subdirectories), ascending."""
+        d = os.path.join(self._path, name)
+        return self._version_dirs(d) if os.path.isdir(d) else []
+
+    @property
+    def pool(self) -> SharedMemoryPool:
+        """The shared-memory pool the stubs of this repository exchange tensors through."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = SharedMemoryPool.create(_POOL_SIZE, growth=_POOL_GROWTH)
+            return self._pool
+
+    # -- loading ------------------------------------------------------------------------------
+    def load(
+        self,
+        name: str,
+        *,
+        version: int | None = None,
+        isolated: bool = True,
+        timeout: float | None = None,
+    ) -> LoadedModel:
+        """Load model ``name`` (the latest version unless ``version`` is given).
+
+        Reads ``config.pbtxt`` (optional when the model completes its configuration with
+        ``auto_complete_config``), imports ``model.py``, runs ``auto_complete_config`` and
+        ``initialize(args)`` with Triton's arguments. With ``isolated`` (the default) the
+        model runs in its own stub process; otherwise in this process. ``timeout`` (seconds)
+        limits each ``execute``.
+
+        Raises:
+            ModelLoadError: no such model or version, a malformed or invalid configuration, a
+                missing ``model.py``, no ``TritonPythonModel``, or ``auto_complete_config`` /
+                ``initialize`` raised (the message names the model, the file and Triton's
+                message).
+            TritonModelException: the repository is closed.
+        """
+        if self._closed:
+            raise ModelLoadError(f"model repository {self._path!r} is closed")
+        if isinstance(version, bool) or (version is not None and not isinstance(version, int)):
+            raise TypeError(f"version must be an int or None, not {type(version).__name__}")
+        model_dir = os.path.join(self._path, name)
+        if not name or os.sep in name or not os.path.isdir(model_dir):
+            raise ModelLoadError(
+                f"failed to load model '{name}': no model directory {model_dir!r}"
+            )
+        config_path = os.path.join(model_dir, "config.pbtxt")
+        try:
+            config = (
+                _schema.parse_config_file(config_path)
+                if os.path.isfile(config_path)
+                else _schema.new_config()
+            )
+        except _schema.ConfigError as exc:
+            raise ModelLoadError(f"failed to load model '{name}': {exc}") from None
+        _schema.normalize(config, name)
+        versions = self._version_dirs(model_dir)
+        if not versions:
+            raise ModelLoadError(
+                f"failed to load model '{name}': at least one version must be available under "
+                f"the version policy of model '{name}'"
+            )
+        if version is None:
+            version = versions[-1]
+        elif version not in versions:
+            raise ModelLoadError(
+                f"failed to load model '{name}' version {version}: no directory "
+                f"{os.path.join(model_dir, str(version))!r} (versions: {versions})"
+            )
+        model_path = os.path.join(
+            model_dir, str(version), config.default_model_filename or _schema.PYTHON_FILENAME
+        )
+        where = f"model '{name}' version {version} ({model_path})"
+        if config.backend != _schema.PYTHON_BACKEND:
+            raise ModelLoadError(
+                f"failed to load {where}: backend {config.backend!r}: only Python models run "
+                "here"
+            )
+        holder: list[LoadedModel] = []
+
+        def on_stub_message(e: StubEngine, kind: str, tensors: list[Tensor], body: Any) -> None:
+            # The model object exists only once the configuration is complete.
+            holder[0].on_stub_message(e, kind, tensors, body)
+
+        engine: StubEngine | None = None
+        cls: type | None = None
+        try:
+            if isolated:
+                engine = StubEngine(self.pool, model_path, name, on_stub_message)
+                completed = engine.spawn(_schema.config_to_dict(config))
+            else:
+                cls = model_class(load_model_module(model_path, name))
+                completed = run_auto_complete(cls, name, _schema.config_to_dict(config))
+            final = _schema.config_from_dict(completed or {}, where=where)
+            _schema.normalize(final, name)
+            _schema.normalize_instance_groups(final)
+            _schema.validate(final, model_dir)
+            info = _host_info(final, name, version, model_dir, model_path)
+            model = LoadedModel(
+                self, name=name, version=version, config=_schema.config_to_dict(final),
+                spec=ModelSpec.from_config(final), isolated=isolated,
+                decoupled=info.decoupled, instance_name=info.instance_name, timeout=timeout,
+            )  # fmt: skip
+            holder.append(model)
+            if engine is not None:
+                engine.initialize(info)
+                model._attach(engine)
+            else:
+                if cls is None:  # unreachable: set on the in-process path above
+                    raise UserModelError("the model class was not loaded")
+                model._attach(
+                    InProcessEngine(info, cls, _LocalBackend(model, info))
+                )
+        except (StubFailure, UserModelError, _schema.ConfigError) as exc:
+            if engine is not None:
+                engine.kill()
+            raise ModelLoadError(f"failed to load {where}: {exc}") from None
+        except BaseException:
+            if engine is not None:
+                engine.kill()
+            raise
+        with self._lock:
+            self._models.append(model)
+        return model
+
+    def bls_target(
+        self, name: str, version: int, isolated: bool, timeout: float | None = None
+    ) -> LoadedModel:
+        """The model a BLS request addresses, loaded on first use in ``isolated`` mode (with
+        the caller's ``timeout``).
+
+        Raises:
+            InferenceError: Triton's ``Request for unknown model`` error when the repository
+                has no such model (or it fails to load: the load error follows).
+        """
+        key = (name, version if version > 0 else -1, isolated)
+        with self._lock:
+            model = self._bls.get(key)
+            if model is not None and model.loaded:
+                return model
+            if name not in self.models():
+                raise InferenceError(
+                    f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
+                )
+            try:
+                model = self.load(name, version=version if version > 0 else None,
+                                  isolated=isolated, timeout=timeout)
+            except ModelLoadError as exc:
+                raise InferenceError(
+                    f"Request for unknown model: '{name}' is not found ({exc})",
+                    TritonError.INVALID_ARG,
+                ) from None
+            self._bls[key] = model
+            return model
+
+    def control(self, kind: str, payload: Any, isolated: bool) -> Any:
+        """``pb_utils.load_model`` / ``unload_model`` / ``is_model_ready`` from a model."""
+        if kind == "load_model":
+            name, config, files = payload
+            if config or files:
+                raise InferenceError(
+                    "load_model with a configuration override or files is not supported by "
+                    "pb_tensor.runtime", TritonError.UNSUPPORTED,
+                )
+            with self._lock:
+                for key in [k for k in self._bls if k[0] == name]:
+                    self._bls.pop(key).unload()
+            self.bls_target(name, -1, isolated)
+            return None
+        if kind == "unload_model":
+            name, _ = payload
+            with self._lock:
+                for key in [k for k in self._bls if k[0] == name]:
+                    self._bls.pop(key).unload()
+            return None
+        if kind == "is_model_ready":
+            name, version = payload
+            with self._lock:
+                return any(
+                    m.loaded and m.name == name and (not version or str(m.version) == version)
+                    for m in self._models
+                )
+        raise InferenceError(f"unknown runtime request {kind!r}", TritonError.INTERNAL)
+
+    def forget(self, model: LoadedModel) -> None:
+        """Drop an unloaded model from the bookkeeping."""
+        with self._lock:
+            if model in self._models:
+                self._models.remove(model)
+            for key, value in list(self._bls.items()):
+                if value is model:
+                    del self._bls[key]
+
+    def close(self) -> None:
+        """Unload every model loaded through this repository and remove the pool."""
+        with self._lock:
+            self._closed = True
+            models = list(reversed(self._models))
+        for model in models:
+            model.unload()
+        with self._lock:
+            self._bls.clear()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __enter__(self) -> ModelRepository:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ModelRepository {self._path!r}, {len(self._models)} loaded>"
+
+
+def _host_info(config: Any, name: str, version: int, model_dir: str, model_path: str) -> HostInfo:
+    group = config.instance_group[0]
+    kind_name = group.DESCRIPTOR.fields_by_name["kind"].enum_type.values_by_number[group.kind].name
+    kind = kind_name.removeprefix("KIND_")
+    device_id = int(group.gpus[0]) if kind == "GPU" and group.gpus else 0
+    return HostInfo(
+        name=name,
+        version=version,
+        model_dir=model_dir,
+        model_path=model_path,
+        instance_name=f"{group.name}_0",
+        instance_kind=kind,
+        device_id=device_id,
+        config_json=_schema.config_to_json(config),
+        decoupled=_schema.decoupled(config),
+    )

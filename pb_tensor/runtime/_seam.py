@@ -1,0 +1,34 @@
+"""The names the runtime uses from :mod:`pb_tensor.utils`, in one place: public names from
+the package, runtime hooks from its seam module ``pb_tensor.utils._context``."""
+
+from __future__ import annotations
+
+from pb_tensor.utils import (
+    InferenceRequest,
+    InferenceResponse,
+    ModelConfig,
+    TritonError,
+)
+from pb_tensor.utils._context import (
+    InferenceResponseSender,
+    ModelBackend,
+    close_sender,
+    make_request,
+    metric_snapshot,
+    set_backend,
+    set_process_backend,
+)
+
+__all__ = [
+    "InferenceRequest",
+    "InferenceResponse",
+    "InferenceResponseSender",
+    "ModelBackend",
+    "ModelConfig",
+    "TritonError",
+    "close_sender",
+    "make_request",
+    "metric_snapshot",
+    "set_backend",
+    "set_process_backend",
+]

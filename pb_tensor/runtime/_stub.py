@@ -1,0 +1,421 @@
+"""The stub process: runs one model instance, as Triton's ``triton_python_backend_stub`` does.
+
+Started as ``python -m pb_tensor.runtime._stub FD POOL``: ``FD`` is this end of the control
+socket, ``POOL`` the shared-memory pool tensors travel through. Messages are read by the
+thread that waits for one (loading the tensors they carry at once, see :mod:`._channel`); the
+main thread runs the commands one at a time. The stub exits when the runtime closes the
+channel or asks it to finalize.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pb_tensor import Tensor
+from pb_tensor.errors import TritonModelException
+from pb_tensor.runtime._channel import Channel, ChannelClosed, Message
+from pb_tensor.runtime._host import (
+    HostInfo,
+    ModelHost,
+    RequestData,
+    UserModelError,
+    load_model_module,
+    model_class,
+    run_auto_complete,
+)
+from pb_tensor.runtime._seam import (
+    InferenceRequest,
+    InferenceResponse,
+    TritonError,
+    set_process_backend,
+)
+from pb_tensor.shm import SharedMemoryPool
+
+__all__ = ["main"]
+
+_FINAL = 1
+_WATCH_INTERVAL = 0.02
+
+
+class _ForwardLogs(logging.Handler):
+    """Sends this process's ``pb_tensor.runtime`` records to the runtime's ``logging``."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self.channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            body = {
+                "name": record.name, "levelno": record.levelno,
+                "levelname": record.levelname, "msg": record.getMessage(),
+                "pathname": record.pathname, "lineno": record.lineno,
+                "funcName": record.funcName, "created": record.created,
+                "triton_log_level": getattr(record, "triton_log_level", None),
+            }  # fmt: skip
+            self.channel.send("log", body)
+        except Exception:
+            self.handleError(record)
+
+
+class _StubBackend:
+    """``pb_utils``' BLS and model-control calls, forwarded to the runtime."""
+
+    def __init__(self, stub: _Stub) -> None:
+        self._stub = stub
+
+    def exec_request(
+        self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
+    ) -> InferenceResponse | Iterator[InferenceResponse]:
+        responses = self._stub.bls(request, decoupled, timeout_us)
+        if decoupled:
+            return responses
+        first: InferenceResponse | None = None
+        for response in responses:
+            if first is None:
+                first = response
+        return first if first is not None else InferenceResponse()
+
+    def is_model_decoupled(self) -> bool:
+        info = self._stub.info
+        return bool(info is not None and info.decoupled)
+
+    def model_name(self) -> str:
+        return self._stub.name
+
+    def model_dir(self) -> str:
+        info = self._stub.info
+        return info.model_dir if info is not None else ""
+
+    def _control(self, kind: str, body: Any) -> Any:
+        return self._stub.call_parent(kind, body)
+
+    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
+        self._control("load_model", (model_name, config, files))
+
+    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
+        self._control("unload_model", (model_name, unload_dependents))
+
+    def is_model_ready(self, model_name: str, model_version: str) -> bool:
+        return bool(self._control("is_model_ready", (model_name, model_version)))
+
+
+class _Stub:
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.commands: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        self.waiters: dict[int, queue.SimpleQueue[Message | None]] = {}
+        self.waiters_lock = threading.Lock()
+        self.call_ids = itertools.count(1)
+        self.cancelled: set[int] = set()
+        self.reader = threading.Lock()
+        self.execute_started = 0.0  # time.monotonic() when the running execute began, or 0
+        self.closed = False
+        self.name = ""
+        self.cls: type | None = None
+        self.info: HostInfo | None = None
+        self.host: ModelHost | None = None
+        self.backend = _StubBackend(self)
+
+    # -- receiving ----------------------------------------------------------------------------
+    # Whoever waits for a message reads the channel itself (one reader at a time) and hands
+    # what is not for it to its addressee: the common case (the main thread waiting for the
+    # next command) costs no thread switch. While a long ``execute`` runs, a watcher thread
+    # reads the messages nobody waits for (cancellations).
+    def _dispatch(self, message: Message | None) -> None:
+        if message is None:
+            self.closed = True
+            self.commands.put(None)
+            with self.waiters_lock:
+                for waiter in self.waiters.values():
+                    waiter.put(None)
+            return
+        kind = message[0]
+        if kind in ("bls_reply", "control_reply"):
+            with self.waiters_lock:
+                box = self.waiters.get(message[2][0])
+            if box is not None:
+                box.put(message)
+        elif kind == "cancel":
+            self.cancelled.add(int(message[2]))
+        elif kind == "ack":
+            pass  # Channel.recv already released what the runtime acknowledged
+        else:
+            self.commands.put(message)
+
+    def _read_one(self) -> None:
+        """Read one message (the caller holds the reader role) and dispatch it."""
+        try:
+            message: Message | None = self.channel.recv()
+        except ChannelClosed:
+            message = None
+        self._dispatch(message)
+
+    def receive(self, box: queue.SimpleQueue[Message | None]) -> Message | None:
+        """The next message for ``box`` (None once the runtime is gone)."""
+        while True:
+            try:
+                return box.get_nowait()
+            except queue.Empty:
+                pass
+            if self.closed:
+                return None
+            if self.reader.acquire(blocking=False):
+                try:
+                    try:
+                        return box.get_nowait()
+                    except queue.Empty:
+                        pass
+                    self._read_one()
+                finally:
+                    self.reader.release()
+            else:
+                try:
+                    return box.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+
+    def is_closed(self) -> bool:
+        """Whether the runtime went away (set by another thread)."""
+        return self.closed
+
+    def watch(self) -> None:
+        """Watcher thread: while an ``execute`` runs longer than a moment, read the messages
+        that arrive (cancellations). It only looks at a timestamp the main thread writes, so
+        short requests never wake it."""
+        while not self.is_closed():
+            time.sleep(_WATCH_INTERVAL)
+            started = self.execute_started
+            if not started or time.monotonic() - started < _WATCH_INTERVAL:
+                continue
+            if not self.channel.poll(_WATCH_INTERVAL) or not self.execute_started:
+                continue
+            if self.reader.acquire(blocking=False):
+                try:
+                    if self.execute_started and self.channel.poll(0):
+                        self._read_one()
+                finally:
+                    self.reader.release()
+
+    # -- calls to the runtime -----------------------------------------------------------------
+    def _waiter(self) -> tuple[int, queue.SimpleQueue[Message | None]]:
+        call_id = next(self.call_ids)
+        waiter: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        with self.waiters_lock:
+            self.waiters[call_id] = waiter
+        return call_id, waiter
+
+    def _done(self, call_id: int) -> None:
+        with self.waiters_lock:
+            self.waiters.pop(call_id, None)
+
+    def call_parent(self, kind: str, body: Any) -> Any:
+        call_id, waiter = self._waiter()
+        try:
+            self.channel.send(kind, (call_id, body))
+            message = self.receive(waiter)
+        finally:
+            self._done(call_id)
+        if message is None:
+            raise ChannelClosed("the runtime went away")
+        _, ok, result = message[2]
+        if not ok:
+            raise TritonModelException(result)
+        return result
+
+    def bls(
+        self, request: InferenceRequest, decoupled: bool, timeout_us: int | None
+    ) -> Iterator[InferenceResponse]:
+        call_id, waiter = self._waiter()
+        body = (
+            call_id, request.model_name(), request.model_version(),
+            sorted(request.requested_output_names()), request.request_id(),
+            request.correlation_id(), request.flags(), request.parameters(),
+            timeout_us or 0, decoupled,
+        )  # fmt: skip
+        try:
+            self.channel.send("bls", body, request.inputs())
+        except BaseException:
+            self._done(call_id)
+            raise
+        return self._bls_responses(call_id, waiter)
+
+    def _bls_responses(
+        self, call_id: int, waiter: queue.SimpleQueue[Message | None]
+    ) -> Iterator[InferenceResponse]:
+        try:
+            while True:
+                message = self.receive(waiter)
+                if message is None:
+                    yield InferenceResponse(
+                        error=TritonError("the runtime went away during a BLS request")
+                    )
+                    return
+                _, tensors, (_, error, parameters, flags, has_response) = message
+                if has_response or error is not None or flags & _FINAL:
+                    yield _response(tensors, error, parameters)
+                if flags & _FINAL:
+                    return
+        finally:
+            self._done(call_id)
+
+    # -- commands ------------------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            message = self.receive(self.commands)
+            if message is None:
+                return
+            kind, tensors, body = message
+            if kind == "load":
+                self.load(body)
+            elif kind == "init":
+                self.init(body)
+            elif kind == "execute":
+                self.execute(tensors, body)
+            elif kind == "is_ready":
+                state = self.host.is_ready() if self.host is not None else (False, None)
+                self.channel.send("ready_state", state)
+            elif kind == "metrics":
+                from pb_tensor.runtime._seam import metric_snapshot
+
+                self.channel.send("metrics", metric_snapshot())
+            elif kind == "finalize":
+                error = self.host.finalize() if self.host is not None else None
+                self.channel.send("finalized", error)
+                return
+
+    def load(self, body: dict[str, Any]) -> None:
+        self.name = body["name"]
+        for entry in body["sys_path"]:
+            if entry not in sys.path:
+                sys.path.append(entry)
+        logging.getLogger("pb_tensor.runtime").setLevel(body["log_level"])
+        try:
+            self.cls = model_class(load_model_module(body["model_path"], self.name))
+            config = body["config"]
+            if config is not None:
+                config = run_auto_complete(self.cls, self.name, config)
+        except UserModelError as exc:
+            self.channel.send("failed", str(exc))
+            return
+        self.channel.send("loaded", config)
+
+    def init(self, body: dict[str, Any]) -> None:
+        self.info = HostInfo(**body)
+        if self.cls is None:
+            self.channel.send("failed", "the model was not loaded")
+            return
+        self.host = ModelHost(self.info, self.cls, self.backend)
+        try:
+            self.host.initialize()
+        except UserModelError as exc:
+            self.channel.send("failed", str(exc))
+            return
+        self.channel.send("ready", None)
+
+    def execute(self, tensors: list[Tensor], body: list[tuple[Any, ...]]) -> None:
+        host = self.host
+        if host is None:
+            self.channel.send("done", ("the model is not initialized", []))
+            return
+        batch = []
+        at = 0
+        for count, requested, request_id, correlation_id, flags, parameters, timeout in body:
+            batch.append(
+                RequestData(tensors[at : at + count], requested, request_id, correlation_id,
+                            flags, parameters, timeout)
+            )  # fmt: skip
+            at += count
+        self.cancelled.clear()
+        decoupled = host.info.decoupled
+        # A non-decoupled model's responses all exist when execute returns: they travel with
+        # the "done" message (one message per batch instead of one per response).
+        held: list[tuple[int, InferenceResponse | None, int]] = []
+        sink = self.send_response if decoupled else (lambda i, r, f: held.append((i, r, f)))
+        requests = host.build_requests(batch, sink, self.cancelled.__contains__)
+        self.execute_started = time.monotonic()
+        try:
+            error = host.execute(requests)
+        finally:
+            self.execute_started = 0.0
+        replies: list[tuple[int, tuple[str, int] | None, str, int, bool, int]] = []
+        outputs: list[Tensor] = []
+        for index, response, flags in held:
+            if response is None:
+                replies.append((index, None, "{}", flags, False, 0))
+                continue
+            err = response.error()
+            tensors_out = response.output_tensors()
+            replies.append((index, None if err is None else (err.message(), int(err.code())),
+                            response.parameters(), flags, True, len(tensors_out)))
+            outputs.extend(tensors_out)
+        try:
+            self.channel.send("done", (error, replies), outputs)
+        except TritonModelException as exc:  # the pool cannot hold the outputs
+            self.channel.send("done", (f"Failed to process the request(s) for model "
+                                       f"'{host.info.instance_name}', message: {exc}", []))
+
+    def send_response(self, index: int, response: InferenceResponse | None, flags: int) -> None:
+        if response is None:
+            self.channel.send("response", (index, None, "{}", flags, False))
+            return
+        err = response.error()
+        error = None if err is None else (err.message(), int(err.code()))
+        self.channel.send(
+            "response", (index, error, response.parameters(), flags, True),
+            response.output_tensors(),
+        )  # fmt: skip
+
+
+def _response(
+    tensors: list[Tensor], error: tuple[str, int] | None, parameters: str
+) -> InferenceResponse:
+    import json
+
+    params = json.loads(parameters) if parameters else None
+    return InferenceResponse(
+        output_tensors=tensors,
+        error=None if error is None else TritonError(error[0], error[1]),
+        parameters=params or None,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve one model over the control socket given on the command line."""
+    args = sys.argv[1:] if argv is None else argv
+    fd, pool_name = int(args[0]), args[1]
+    pool = SharedMemoryPool.attach(pool_name)
+    channel = Channel(Connection(fd), pool)
+    stub = _Stub(channel)
+    set_process_backend(stub.backend)
+    handler = _ForwardLogs(channel)
+    logger = logging.getLogger("pb_tensor.runtime")
+    logger.addHandler(handler)
+    logger.propagate = False
+    watcher = threading.Thread(target=stub.watch, name="pb-tensor-stub-watcher", daemon=True)
+    watcher.start()
+    try:
+        stub.run()
+    except ChannelClosed:
+        pass
+    finally:
+        stub.closed = True
+        logger.removeHandler(handler)
+        channel.release_all()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # Threads the model started must not keep the stub alive once the runtime let it go.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

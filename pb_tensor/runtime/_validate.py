@@ -1,0 +1,206 @@
+"""Request validation against the model configuration, with Triton core's messages.
+
+Follows ``InferenceRequest::Normalize`` (requested outputs, input count, unknown inputs,
+batch dimension, data type, shape with ``-1`` wildcards) in Triton's order, so that a request
+fails here the way it fails in Triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pb_tensor import Tensor, TritonDtype
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._seam import TritonError
+
+__all__ = ["IOSpec", "ModelSpec", "validate_request"]
+
+_WILDCARD = -1
+
+
+@dataclass(frozen=True)
+class IOSpec:
+    """One configured input or output."""
+
+    name: str
+    dtype: TritonDtype
+    dims: tuple[int, ...]
+    optional: bool = False
+    reshape: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What request validation needs from a configuration."""
+
+    name: str
+    max_batch_size: int
+    inputs: tuple[IOSpec, ...]
+    outputs: tuple[IOSpec, ...]
+
+    @classmethod
+    def from_config(cls, config: Any) -> ModelSpec:
+        """Build from an ``inference.ModelConfig`` message."""
+
+        def io(m: Any, optional: bool) -> IOSpec:
+            reshape = tuple(m.reshape.shape) if m.HasField("reshape") else None
+            return IOSpec(m.name, TritonDtype(m.data_type), tuple(m.dims), optional, reshape)
+
+        return cls(
+            config.name,
+            int(config.max_batch_size),
+            tuple(io(m, bool(m.optional)) for m in config.input),
+            tuple(io(m, False) for m in config.output),
+        )
+
+    def __post_init__(self) -> None:
+        # The success path of validate_request reads only these.
+        table = {i.name: (i.dtype, i.dims) for i in self.inputs}
+        object.__setattr__(self, "_table", table)
+        object.__setattr__(self, "_all_required", not any(i.optional for i in self.inputs))
+        object.__setattr__(self, "_outputs", [o.name for o in self.outputs])
+
+    @property
+    def output_names(self) -> list[str]:
+        """Configured output names, in order."""
+        return list(self._outputs)  # type: ignore[attr-defined]
+
+
+def _quick_ok(spec: ModelSpec, inputs: Sequence[Tensor]) -> bool:
+    """Whether the request is valid, decided cheaply; False also when unsure (the full check
+    then finds the error, or accepts)."""
+    table: dict[str, tuple[TritonDtype, tuple[int, ...]]] = spec._table  # type: ignore[attr-defined]
+    if not spec._all_required or len(inputs) != len(table):  # type: ignore[attr-defined]
+        return False
+    batching = spec.max_batch_size > 0
+    batch = -1
+    seen = set()
+    for t in inputs:
+        name = t.name()
+        entry = table.get(name)
+        if entry is None or name in seen or t.triton_dtype() != entry[0]:
+            return False
+        seen.add(name)
+        shape = t.shape()
+        if batching:
+            if not shape or (batch >= 0 and shape[0] != batch):
+                return False
+            batch = shape[0]
+            shape = shape[1:]
+        dims = entry[1]
+        if len(shape) != len(dims):
+            return False
+        for want, have in zip(dims, shape):
+            if want not in (_WILDCARD, have):
+                return False
+    return batch <= spec.max_batch_size
+
+
+def _dims(dims: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _fail(message: str, request_id: str, *, prefix: bool = True) -> InferenceError:
+    tag = f"[request id: {request_id or '<id_unknown>'}] " if prefix else ""
+    return InferenceError(tag + message, TritonError.INVALID_ARG)
+
+
+def validate_request(
+    spec: ModelSpec,
+    inputs: Sequence[Tensor],
+    requested_outputs: Sequence[str] | None,
+    request_id: str = "",
+) -> list[str]:
+    """Check one request; the output names it asks for (all configured ones by default).
+
+    Raises:
+        InferenceError: ``INVALID_ARG`` with Triton's message: an unknown requested output,
+            too few or too many inputs, an unknown input, a missing batch dimension, batch
+            sizes that differ or exceed ``max_batch_size``, a data type or shape that does
+            not match the configuration.
+    """
+    model = spec.name
+    if not requested_outputs and _quick_ok(spec, inputs):
+        return spec.output_names
+    if requested_outputs is None or len(requested_outputs) == 0:
+        wanted = spec.output_names
+    else:
+        known = set(spec.output_names)
+        for name in requested_outputs:
+            if name not in known:
+                raise _fail(f"unexpected inference output '{name}' for model '{model}'",
+                            request_id, prefix=False)
+        wanted = list(dict.fromkeys(requested_outputs))
+
+    given = {t.name(): t for t in inputs}
+    required = sum(1 for i in spec.inputs if not i.optional)
+    if len(given) > len(spec.inputs) or len(given) < required:
+        missing = [f"'{i.name}'" for i in spec.inputs if not i.optional and i.name not in given]
+        got = "[" + ",".join(f"'{n}'" for n in given) + "]"
+        need = "[" + ",".join(missing) + "]"
+        if required == len(spec.inputs):
+            head = f"expected {len(spec.inputs)} inputs"
+        else:
+            head = f"expected number of inputs between {required} and {len(spec.inputs)}"
+        raise _fail(
+            f"{head} but got {len(given)} inputs for model '{model}'. Got input(s) {got}, but "
+            f"missing required input(s) {need}. Please provide all required input(s).",
+            request_id,
+        )
+    by_name = {i.name: i for i in spec.inputs}
+    for name in given:
+        if name not in by_name:
+            raise _fail(f"unexpected inference input '{name}' for model '{model}'", request_id,
+                        prefix=False)
+
+    batch = 0
+    if spec.max_batch_size > 0:
+        for name, t in given.items():
+            shape = t.shape()
+            if not shape:
+                raise _fail(
+                    f"input '{name}' has no shape but model requires batch dimension for "
+                    f"'{model}'", request_id)
+            if batch == 0:
+                batch = shape[0]
+            elif shape[0] != batch:
+                raise _fail(
+                    f"input '{name}' batch size does not match other inputs for '{model}'",
+                    request_id)
+    if batch > spec.max_batch_size:
+        raise _fail(
+            f"inference request batch-size must be <= {spec.max_batch_size} for '{model}'",
+            request_id)
+
+    for name, t in given.items():
+        config = by_name[name]
+        dtype = t.triton_dtype()
+        if dtype != config.dtype:
+            raise _fail(
+                f"inference input '{name}' data-type is '{dtype.wire_name}', but model "
+                f"'{model}' expects '{config.dtype.wire_name}'", request_id)
+        full = t.shape()
+        shape = full[1:] if spec.max_batch_size > 0 else full
+        ok = len(shape) == len(config.dims)
+        if ok:
+            for want, have in zip(config.dims, shape):
+                if want not in (_WILDCARD, have):
+                    ok = False
+                    break
+        if not ok:
+            expected = (_WILDCARD, *config.dims) if spec.max_batch_size > 0 else config.dims
+            note = ""
+            if spec.max_batch_size > 0:
+                note = (
+                    "NOTE: Setting a non-zero max_batch_size in the model config requires a "
+                    "batch dimension to be prepended to each input shape. If you want to "
+                    "specify the full shape including the batch dim in your input dims config, "
+                    "try setting max_batch_size to zero. See the model configuration docs for "
+                    "more info on max_batch_size."
+                )
+            raise _fail(
+                f"unexpected shape for input '{name}' for model '{model}'. Expected "
+                f"{_dims(expected)}, got {_dims(full)}. {note}", request_id)
+    return wanted

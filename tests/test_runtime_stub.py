@@ -1,0 +1,200 @@
+"""Isolated mode only: stub crashes, hangs and restarts, cleanup of processes and shared
+memory, record release, model control from a model."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+from runtime_models import EXAMPLES, HEADER, IDENTITY_CONFIG, build_repository
+
+from pb_tensor.runtime import InferenceError, LoadedModel, ModelRepository
+from pb_tensor.shm import SHM_DIR
+from pb_tensor.utils import TritonError
+
+IN = {"IN": np.array([0, 5], dtype=np.int32)}
+
+
+@pytest.fixture(scope="module")
+def repo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repository(tmp_path_factory.mktemp("repo"))
+
+
+def _error(model: LoadedModel, inputs: Mapping[str, object]) -> InferenceError:
+    with pytest.raises(InferenceError) as info:
+        model.infer(inputs)
+    return info.value
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize(("trigger", "what"), [(1, "os._exit"), (2, "SIGKILL")])
+def test_stub_crash_is_reported_and_restarted(repo_dir: Path, trigger: int, what: str) -> None:
+    with ModelRepository(repo_dir) as r, r.load("crash", timeout=60) as model:
+        first = model.pid
+        assert first is not None
+        err = _error(model, {"IN": np.array([trigger], dtype=np.int32)})
+        assert err.message() == (
+            "Failed to process the request(s) for model instance 'crash_0_0', message: Stub "
+            "process 'crash_0_0' is not healthy."
+        ), what
+        assert err.code() == TritonError.INTERNAL
+        assert model.pid is None
+        assert _gone(first)
+        assert model.is_ready() is False  # as Triton's readiness check: stub not healthy
+        # The next call starts a new stub (initialize runs again).
+        assert model.infer({"IN": np.array([7], np.int32)})["OUT"].tolist() == [7]
+        assert model.pid not in (None, first)
+
+
+def test_stub_timeout_kills_and_restarts(repo_dir: Path) -> None:
+    with ModelRepository(repo_dir) as r, r.load("crash", timeout=30) as model:
+        first = model.pid
+        assert first is not None
+        with pytest.raises(InferenceError) as info:
+            model.infer({"IN": np.array([3], np.int32)}, timeout=0.5)
+        assert info.value.message() == (
+            "Failed to process the request(s) for model instance 'crash_0_0', message: Stub "
+            "process 'crash_0_0' did not respond within the timeout of 0.5 s and was killed."
+        )
+        assert info.value.code() == TritonError.UNAVAILABLE
+        assert _gone(first)
+        assert model.infer({"IN": np.array([9], np.int32)})["OUT"].tolist() == [9]
+
+
+def test_no_leftover_processes_or_shared_memory(repo_dir: Path) -> None:
+    with ModelRepository(repo_dir) as r:
+        pool_path = os.path.join(SHM_DIR, r.pool.name)
+        models = [r.load("raises", timeout=60), r.load("bls_stream", timeout=60)]
+        models[1].infer({"IN": np.array([2], np.int32)})  # loads decoupled_repeat for BLS
+        pids = [m.pid for m in models]
+        assert all(p is not None for p in pids)
+        assert os.path.exists(pool_path)
+    assert all(_gone(p) for p in pids if p is not None)
+    assert not os.path.exists(pool_path)
+    assert not models[0].loaded
+    assert not models[1].loaded
+
+
+def test_pool_records_are_released(repo_dir: Path) -> None:
+    """Records of finished requests (inputs, outputs, BLS traffic) go back to the pool."""
+    with ModelRepository(repo_dir) as r, r.load("bls_stream", timeout=60) as model:
+        x = {"IN": np.array([3], dtype=np.int32)}
+        model.infer(x)
+        model.infer(x)  # the stubs hold the previous replies until their next command
+        baseline = r.pool.stats().allocations
+        for _ in range(20):
+            out = model.infer(x)
+            assert out["OUT"].tolist() == [0, 1, 2]
+            del out
+        assert r.pool.stats().allocations == baseline
+
+
+def test_large_responses_are_not_pinned_while_idle() -> None:
+    with ModelRepository(EXAMPLES) as r, r.load("add_sub", timeout=60) as model:
+        small = np.ones(4, np.float32)
+        model.infer({"INPUT0": small, "INPUT1": small})
+        model.infer({"INPUT0": small, "INPUT1": small})
+        baseline = r.pool.stats().allocations
+        big = np.ones(1 << 20, np.float32)  # 4 MiB per tensor
+        out = model.infer({"INPUT0": big, "INPUT1": big})
+        assert out["OUTPUT0"][0] == 2.0
+        del out
+        # The big request released the stub's hold on the two small outputs; and without
+        # another request the stub was told the big outputs were loaded, so once the caller
+        # drops them their records are freed (the stub reads the ack while idle).
+        expected = baseline - 2
+        deadline = time.monotonic() + 10
+        while r.pool.stats().allocations != expected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert r.pool.stats().allocations == expected
+
+
+def test_cancel_reaches_a_long_running_execute(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    (root / "ticker" / "1").mkdir(parents=True)
+    (root / "ticker" / "config.pbtxt").write_text(
+        IDENTITY_CONFIG + "model_transaction_policy { decoupled: true }\n"
+    )
+    (root / "ticker" / "1" / "model.py").write_text(HEADER + textwrap.dedent("""
+        class TritonPythonModel:
+            def execute(self, requests):
+                sender = requests[0].get_response_sender()
+                sent = 0
+                while not requests[0].is_cancelled() and sent < 20000:
+                    sender.send(ok(requests[0], np.array([sent], dtype=np.int32)))
+                    sent += 1
+                    time.sleep(0.005)
+                flag = 1 if requests[0].is_cancelled() else 0
+                sender.send(ok(requests[0], np.array([-flag], dtype=np.int32)),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+    """))
+    with ModelRepository(root) as r, r.load("ticker", timeout=60) as model:
+        pid = model.pid
+        stream = model.stream({"IN": np.array([0], dtype=np.int32)})
+        assert next(stream)["OUT"].tolist() == [0]
+        assert next(stream)["OUT"].tolist() == [1]
+        # The stub's watcher reads the cancellation while execute runs; the model sees
+        # is_cancelled() and finishes. (Otherwise it would run for 100 s, and the runtime
+        # would give up waiting after 10 s and kill the stub.)
+        stream.close()
+        assert model.pid == pid
+        first = next(model.stream({"IN": np.array([0], dtype=np.int32)}))
+        assert first["OUT"].tolist() == [0]
+
+
+def test_model_control_from_a_model(tmp_path: Path, repo_dir: Path) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(repo_dir / "identity", root / "identity")
+    (root / "control" / "1").mkdir(parents=True)
+    (root / "control" / "config.pbtxt").write_text(IDENTITY_CONFIG)
+    (root / "control" / "1" / "model.py").write_text(HEADER + textwrap.dedent("""
+        class TritonPythonModel:
+            def execute(self, requests):
+                states = [pb_utils.is_model_ready("identity")]
+                pb_utils.load_model("identity")
+                states.append(pb_utils.is_model_ready("identity"))
+                pb_utils.unload_model("identity")
+                states.append(pb_utils.is_model_ready("identity"))
+                return [ok(r, np.array(states, dtype=np.int32)) for r in requests]
+    """))
+    for isolated in (False, True):
+        with ModelRepository(root) as r, r.load("control", isolated=isolated, timeout=60) as model:
+            assert model.infer(IN)["OUT"].tolist() == [0, 1, 0]
+
+
+def test_stub_exits_when_parent_dies(run_python: object) -> None:
+    code = f"""
+import os, sys
+from pb_tensor.runtime import ModelRepository
+repo = ModelRepository({str(EXAMPLES)!r})
+model = repo.load("add_sub")
+print(model.pid, repo.pool.name, flush=True)
+os._exit(0)
+"""
+    result = run_python(code, timeout=60)  # type: ignore[operator]
+    assert result.returncode == 0, result.stderr
+    pid_text, pool_name = result.stdout.split()
+    pid = int(pid_text)
+    deadline = time.monotonic() + 20
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(pid)
+    # The creator died without closing the pool: its segment is left for the OS to reclaim
+    # only by name, so remove it here to keep /dev/shm clean.
+    path = os.path.join(SHM_DIR, pool_name)
+    if os.path.exists(path):
+        os.unlink(path)
