@@ -59,6 +59,7 @@ __all__ = [
     "load_record",
     "record_payload_offset",
     "release",
+    "save_and_load_record",
     "save_record",
 ]
 
@@ -85,9 +86,14 @@ _U64_MAX: Final = (1 << 64) - 1
 # (INVALID: unknown element size, BYTES: serialized strings).
 _ITEMSIZE: Final = (0, 1, 1, 2, 4, 8, 1, 2, 4, 8, 2, 4, 8, 0, 2)
 _DTYPE_MAX: Final = len(_ITEMSIZE) - 1  # BF16 = 14
+_BYTES: Final = 13
 # Upstream has no limit; numpy stops at 64 dimensions. The cap keeps a corrupted dims_count in
 # a large record from turning a load into a multi-megabyte unpack.
 MAX_DIMS: Final = 255
+
+# Payloads up to this size are copied with one mmap slice assignment (no numpy destination).
+_SMALL: Final = 1 << 16
+_ndview: Final = np.ndarray.view
 
 _dims_structs: dict[int, struct.Struct] = {}
 _header_structs: dict[tuple[int, int], struct.Struct] = {}
@@ -166,6 +172,19 @@ def _int(value: SupportsIndex, field: str, low: int, high: int) -> int:
     return result
 
 
+def _dims_fit(dims: Sequence[int]) -> bool:
+    """Whether numpy can shape an array (of up to 8-byte items) with ``dims``.
+
+    numpy multiplies the non-zero dimensions even when one is zero, so ``(0, 2**62, 4)``
+    has no elements yet is refused: check the same product.
+    """
+    size = 8
+    for d in dims:
+        if d:
+            size *= d
+    return size <= _I64_MAX
+
+
 def _check_byte_size(dtype: int, dims: Sequence[int], byte_size: int) -> bool:
     itemsize = _ITEMSIZE[dtype]
     return not itemsize or byte_size == math.prod(dims) * itemsize
@@ -206,14 +225,19 @@ def save_record(
     ipc_handle: bytes | None = None,
     memory_release_id: int = 0,
 ) -> int:
-    """Store a tensor record in ``pool``; its handle, holding one reference (the saver's).
+    """Store a tensor record in ``pool``; its handle, carrying one *message* reference.
+
+    The record stays valid until that message is taken over by a load
+    (``Tensor.load_from_shared_memory``, or :func:`load_record` with ``take=True``) or given
+    back with :func:`release` / :meth:`SharedMemoryPool.release`, whatever happens to the
+    saving process in between. Records saved and neither loaded nor released show in
+    :meth:`SharedMemoryPool.stats`.
 
     ``payload`` (CPU and CPU_PINNED) is a numpy array of any layout or a C-contiguous buffer
     of exactly ``byte_size`` bytes, copied once into the pool; ``None`` leaves the payload
     unwritten for the caller to fill through :func:`load_record`'s view. For GPU records
     ``payload`` must be ``None``: ``byte_size`` describes the device memory and the 64-byte
-    slot holds ``ipc_handle`` (zeros when ``None``). Give the saver's reference back with
-    :func:`release` (usually the receiving side's job, once it has loaded the record).
+    slot holds ``ipc_handle`` (zeros when ``None``).
 
     Raises:
         TritonModelException: an argument is out of range (dtype not a
@@ -223,6 +247,58 @@ def save_record(
             not valid UTF-8 text), the pool is closed, or it cannot grow enough (the message
             gives the requested and available sizes).
     """
+    return _save(
+        pool, name, dtype, dims, memory_type, memory_type_id, payload, byte_size,
+        gpu_pointer_offset, ipc_handle, memory_release_id, hold=False,
+    )[0]  # fmt: skip
+
+
+def save_and_load_record(
+    pool: SharedMemoryPool,
+    *,
+    name: str,
+    dtype: int,
+    dims: Sequence[int],
+    memory_type: int,
+    memory_type_id: int,
+    payload: npt.NDArray[Any] | Buffer | None,
+    byte_size: int,
+    gpu_pointer_offset: int = 0,
+    ipc_handle: bytes | None = None,
+    memory_release_id: int = 0,
+) -> TensorRecord:
+    """:func:`save_record` then :func:`load_record` of the new record, in one lock cycle.
+
+    The record's ``handle`` carries one message reference (as from :func:`save_record`);
+    the returned record's payload view holds a second one, for the saver.
+
+    Raises:
+        TritonModelException: as :func:`save_record`.
+    """
+    record = _save(
+        pool, name, dtype, dims, memory_type, memory_type_id, payload, byte_size,
+        gpu_pointer_offset, ipc_handle, memory_release_id, hold=True,
+    )[1]  # fmt: skip
+    if record is None:  # pragma: no cover - hold=True always builds one
+        raise TritonModelException("internal error: no record from a held save")
+    return record
+
+
+def _save(
+    pool: SharedMemoryPool,
+    name: str,
+    dtype: int,
+    dims: Sequence[int],
+    memory_type: int,
+    memory_type_id: int,
+    payload: npt.NDArray[Any] | Buffer | None,
+    byte_size: int,
+    gpu_pointer_offset: int,
+    ipc_handle: bytes | None,
+    memory_release_id: int,
+    *,
+    hold: bool,
+) -> tuple[int, TensorRecord | None]:
     if not isinstance(name, str):
         raise TritonModelException(f"name must be a str, not {type(name).__name__}")
     try:
@@ -241,6 +317,10 @@ def save_record(
     if not _check_byte_size(dtype, dims_t, byte_size):
         raise TritonModelException(
             f"byte_size {byte_size} does not match dims {list(dims_t)} of dtype {dtype}"
+        )
+    if not _dims_fit(dims_t):
+        raise TritonModelException(
+            f"dims {list(dims_t)} describe more elements than an array can hold"
         )
     src: npt.NDArray[np.generic] | None = None
     slot = b""
@@ -264,9 +344,15 @@ def save_record(
 
     ndim, name_len = len(dims_t), len(name_b)
     poff = record_payload_offset(ndim, name_len)
-    handle = pool._allocate(poff + payload_len, RECORD)
+    # The message reference is ours until `cell` is emptied on the way out; an exception at
+    # any point before gives it back (the holder of a held save gives its own back by dying).
+    cell = [0]
     try:
-        m = pool._mapping()
+        m, holder = pool._allocate(
+            poff + payload_len, RECORD, 2 if hold else 1, 1, cell,
+            (poff, payload_len) if hold else None,
+        )  # fmt: skip
+        handle = cell[0]
         start = handle + PREFIX
         header = _header_struct(ndim, name_len, poff - _FIXED - 8 * ndim - name_len)
         header.pack_into(
@@ -279,16 +365,29 @@ def save_record(
         if slot:
             m.mm[at : at + IPC_HANDLE_SIZE] = slot
         elif src is not None and byte_size:
-            dst = m.base[at : at + byte_size]
-            if src.flags.c_contiguous:
-                np.copyto(dst, src.reshape(-1).view(np.uint8))
+            if byte_size <= _SMALL and src.flags.c_contiguous:
+                # Small payloads: one buffer copy, without building a destination array.
+                m.mm[at : at + byte_size] = src.reshape(-1).view(np.uint8).data
             else:
-                # One strided pass straight into the pool (no temporary contiguous copy).
-                np.copyto(dst.view(src.dtype).reshape(src.shape), src)
-    except BaseException:
-        pool._decref(handle, RECORD)
-        raise
-    return handle
+                dst = m.base[at : at + byte_size]
+                if src.flags.c_contiguous:
+                    np.copyto(dst, src.reshape(-1).view(np.uint8))
+                else:
+                    # One strided pass straight into the pool (no temporary contiguous copy).
+                    np.copyto(dst.view(src.dtype).reshape(src.shape), src)
+        record = None
+        if holder is not None:
+            record = _new_record(
+                TensorRecord,
+                (handle, name, dtype, dims_t, memory_type, memory_type_id, byte_size,
+                 gpu_pointer_offset, memory_release_id, slot or None,
+                 _ndview(holder, np.ndarray)),
+            )  # fmt: skip
+        cell[0] = 0  # handed over: nothing that can raise until the return
+        return handle, record
+    finally:
+        if cell[0]:
+            pool._op(pool._drop_locked, cell[0], RECORD, True, 0)
 
 
 def _corrupt(handle: int, field: str, detail: str) -> TritonModelException:
@@ -297,52 +396,48 @@ def _corrupt(handle: int, field: str, detail: str) -> TritonModelException:
     )
 
 
-def load_record(pool: SharedMemoryPool, handle: int, *, readonly: bool = False) -> TensorRecord:
-    """Load the tensor record at ``handle``: a new reference and a zero-copy payload view.
+def load_record(
+    pool: SharedMemoryPool, handle: int, *, readonly: bool = False, take: bool = False
+) -> TensorRecord:
+    """Load the tensor record at ``handle``: a reference and a zero-copy payload view.
 
-    Cost does not depend on the payload size: nothing is copied or touched. Every field is
-    checked against the allocation before any payload byte is exposed. With ``readonly`` the
-    payload view is not writable.
+    With ``take`` the load takes over one pending message of the record (see
+    :func:`save_record`) when it has one, as ``Tensor.load_from_shared_memory`` does;
+    otherwise, or when every message was taken already, it adds a reference. Either way the
+    reference belongs to the payload view: it is given back when the record and every array
+    derived from its payload are gone. One lock cycle; the cost does not depend on the
+    payload size (nothing is copied or touched). Every field is checked against the
+    allocation before any payload byte is exposed. With ``readonly`` the payload view is not
+    writable.
 
     Raises:
         TritonModelException: the handle is out of range, freed or not a tensor record; or the
-            record is corrupted (the message names the handle and the field: dims_count, dims,
-            name length, name, memory handle, dtype, memory_type, memory_type_id, byte_size);
-            or the pool is closed. No reference is kept then.
+            record is corrupted (the message names the handle and the field: allocation size,
+            memory handle, dtype, dims_count, dims, name length, name, memory_type,
+            memory_type_id, byte_size); or the pool is closed or truncated. Nothing is taken
+            then.
     """
-    m = pool._locked()
-    try:
-        nbytes = pool._incref_locked(m, handle, RECORD)
-    finally:
-        pool._release()
-    try:
-        fields = _parse(m, handle, nbytes)
-    except BaseException:
-        pool._decref(handle, RECORD)
-        raise
-    # From here the reference belongs to the payload view's owner.
-    name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset, release_id, at = fields
-    if memory_type == MEMORY_GPU:
-        payload = pool._owned_view(m, handle, at, IPC_HANDLE_SIZE, readonly)
-        ipc: bytes | None = m.mm[at : at + IPC_HANDLE_SIZE]
-    else:
-        payload = pool._owned_view(m, handle, at, byte_size, readonly)
-        ipc = None
+    fields, holder = pool._hold(handle, RECORD, take, _parse)
+    payload = _ndview(holder, np.ndarray)
+    if readonly:
+        payload.flags.writeable = False
+    name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset, release_id = fields
     return _new_record(
         TensorRecord,
         (handle, name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset,
-         release_id, ipc, payload),
+         release_id, payload.tobytes() if memory_type == MEMORY_GPU else None, payload),
     )  # fmt: skip
 
 
 # Building the NamedTuple through tuple.__new__ skips its Python-level __new__ (0.3 us -> 0.1).
 _new_record = tuple.__new__
 
-_Fields = tuple[str, int, tuple[int, ...], int, int, int, int, int, int]
+_Fields = tuple[str, int, tuple[int, ...], int, int, int, int, int]
 
 
-def _parse(m: Mapping, handle: int, nbytes: int) -> _Fields:
-    """Check and decode the record at ``handle``; the fields and the payload offset."""
+def _parse(m: Mapping, handle: int, nbytes: int) -> tuple[_Fields, int, int]:
+    """Check and decode the record at ``handle``: the fields, and the payload's offset from
+    the record start and length."""
     mm = m.mm
     start = handle + PREFIX
     # The block header was checked: [start, start + nbytes) lies inside the mapping.
@@ -361,6 +456,8 @@ def _parse(m: Mapping, handle: int, nbytes: int) -> _Fields:
     dims: tuple[int, ...] = _dims_struct(ndim).unpack_from(mm, pos) if ndim else ()
     if ndim and min(dims) < 0:
         raise _corrupt(handle, "dims", f"{list(dims)} has a negative dimension")
+    if not _dims_fit(dims):
+        raise _corrupt(handle, "dims", f"{list(dims)} describe more elements than an array holds")
     pos += 8 * ndim
     name_len = _STRING_SHM.unpack_from(mm, pos)[1]
     pos += _STRING_SHM.size
@@ -388,19 +485,21 @@ def _parse(m: Mapping, handle: int, nbytes: int) -> _Fields:
         raise _corrupt(
             handle, "byte_size", f"{byte_size} does not match dims {list(dims)} of dtype {dtype}"
         )
-    return (
-        name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset, release_id,
-        start + poff,
-    )  # fmt: skip
+    if dtype == _BYTES and memory_type != MEMORY_GPU and byte_size < 4 * math.prod(dims):
+        raise _corrupt(
+            handle, "byte_size", f"{byte_size} cannot hold {math.prod(dims)} BYTES elements "
+            "(4-byte length each)",
+        )  # fmt: skip
+    fields = (name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset, release_id)
+    return fields, poff, payload_len
 
 
 def release(pool: SharedMemoryPool, handle: int) -> None:
-    """Give back the saver's reference to the record at ``handle`` (from :func:`save_record`).
+    """Give back one pending message of the record at ``handle`` (from a save that will not
+    be loaded): :meth:`SharedMemoryPool.release`.
 
     Raises:
-        TritonModelException: the handle is out of range, freed or not a tensor record, or the
-            pool is closed.
+        TritonModelException: the handle is out of range, freed or not a tensor record, the
+            record has no pending message, or the pool is closed.
     """
-    if pool.closed:
-        raise TritonModelException(f"Shared memory pool '{pool.name}' is closed")
-    pool._decref(handle, RECORD)
+    pool.release(handle)

@@ -237,7 +237,7 @@ class Mapping:
     mapping lives, and stays mapped, exactly as long as something can still read it.
     """
 
-    __slots__ = ("addr", "base", "mm", "size")
+    __slots__ = ("addr", "base", "mm", "mv", "size")
 
     def __init__(self, fd: int, size: int, populate: bool, populate_from: int) -> None:
         flags = mmap.MAP_SHARED
@@ -258,4 +258,7 @@ class Mapping:
         # any view references this object, and the base address for owned views.
         self.base: npt.NDArray[np.uint8] = np.frombuffer(self.mm, dtype=np.uint8)
         self.addr: int = int(self.base.__array_interface__["data"][0])
+        # The buffer owned views are built on: a memoryview is not an ndarray, so numpy stops
+        # collapsing a view's base chain at the owner built on it (see _pool._Held).
+        self.mv = memoryview(self.mm)
         self.size = size

@@ -7,6 +7,7 @@ factory of blank tensors), so this module never imports the Tensor class at run 
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -39,11 +40,44 @@ def _wrap(owner: object, data: int, dims: tuple[int, ...], dtype: TritonDtype,
     return dl.from_dlpack(exporter)
 
 
+# Saves of one tensor are serialised (by a lock chosen from its id): two threads saving the
+# same tensor must not both copy it, nor swap its data under each other. Striped, so that
+# unrelated tensors rarely wait for each other's copy.
+_STRIPES = 64
+_save_locks = [threading.Lock() for _ in range(_STRIPES)]
+
+
+def _reinit_locks() -> None:
+    # A fork while another thread held a stripe would leave it locked forever in the child.
+    _save_locks[:] = [threading.Lock() for _ in range(_STRIPES)]
+
+
+os.register_at_fork(after_in_child=_reinit_locks)
+
+
 def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
-    """Copy ``tensor`` into ``pool`` (once) and point the tensor at the pool's copy."""
+    """Copy ``tensor`` into ``pool`` (once) and point the tensor at the pool's copy.
+
+    Each call hands out one message on the record (see :func:`pb_tensor.shm.save_record`):
+    the first copies the data; later calls (and saves of a tensor loaded from ``pool``)
+    only add a message to the same record.
+    """
     state = tensor._shm
     if state is not None and state[0] is pool:
-        return int(state[1])
+        return _add_message(pool, int(state[1]))
+    with _save_locks[id(tensor) % _STRIPES]:
+        state = tensor._shm
+        if state is not None and state[0] is pool:
+            return _add_message(pool, int(state[1]))
+        return _save_locked(tensor, pool)
+
+
+def _add_message(pool: shm.SharedMemoryPool, handle: int) -> int:
+    pool._call(pool._add_message_locked, handle)
+    return handle
+
+
+def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
     dtype = tensor._dtype
     dims = tensor._dims
     if tensor._memory_type == MemoryType.GPU:
@@ -51,20 +85,18 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
     payload = _host_payload(tensor)
     # Pinned data lands in ordinary shared memory: the copy is plain CPU memory (as Triton's
     # server maps pinned buffers to CPU shared memory).
-    handle = shm.save_record(
+    # One lock cycle: the record is born with the message reference (for the handle) and the
+    # saver's own (held by the payload view, that is by the tensor's data from now on).
+    record = shm.save_and_load_record(
         pool, name=tensor._name, dtype=int(dtype), dims=dims,
         memory_type=int(MemoryType.CPU), memory_type_id=0,
         payload=payload, byte_size=int(payload.nbytes),
-    )
-    # From now on the tensor's data is the pool's copy; the record's reference taken by the load
-    # lives as long as that data, so the saver's own reference can go.
-    record = shm.load_record(pool, handle)
-    shm.release(pool, handle)
+    )  # fmt: skip
     _adopt(tensor, record)
     tensor._memory_type = MemoryType.CPU
     tensor._memory_id = 0
-    tensor._shm = (pool, handle, record.payload)
-    return handle
+    tensor._shm = (pool, record.handle, record.payload)
+    return record.handle
 
 
 def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
@@ -82,15 +114,14 @@ def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
         from pb_tensor import cuda
 
         ipc_handle, offset = cuda.ipc_export(tensor.data_ptr, byte_size, device=device)
-    handle = shm.save_record(
+    # As for CPU data: the tensor holds the record (the device memory must outlive every
+    # reader), beside the message reference of the handle.
+    record = shm.save_and_load_record(
         pool, name=tensor._name, dtype=int(tensor._dtype), dims=tensor._dims,
         memory_type=int(MemoryType.GPU), memory_type_id=device, payload=None,
         byte_size=byte_size, gpu_pointer_offset=offset, ipc_handle=ipc_handle,
     )  # fmt: skip
-    # As for CPU data: the tensor holds the record (the device memory must outlive every
-    # reader), and the saver's own reference goes.
-    record = shm.load_record(pool, handle)
-    shm.release(pool, handle)
+    handle = record.handle
     tensor._shm = (pool, handle, record)
     key = (os.getpid(), ipc_handle, offset)
     if byte_size and key not in _saved_here:
@@ -166,7 +197,22 @@ def load_tensor(
     """A Tensor viewing the record at ``handle``; GPU records open the CUDA IPC handle.
 
     ``blank(name, dtype, dims, memory_type, memory_type_id)`` makes a tensor with no data yet."""
-    record = shm.load_record(pool, handle)
+    record = shm.load_record(pool, handle, take=True)
+    try:
+        return _build(pool, handle, record, blank)
+    except BaseException:
+        # A failed (or interrupted) load leaves the record as it found it: the message it
+        # took is pending again, for another load or a release.
+        pool._untake(record.payload)
+        raise
+
+
+def _build(
+    pool: shm.SharedMemoryPool,
+    handle: int,
+    record: shm.TensorRecord,
+    blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
+) -> Tensor:
     try:
         dtype = TritonDtype(record.dtype)
         memory_type = MemoryType(record.memory_type)
@@ -186,7 +232,12 @@ def load_tensor(
         for n in record.dims:
             count *= n
         tensor._serialized = record.payload
-        tensor._array = bytes_codec.deserialize(record.payload, count).reshape(record.dims)
+        try:
+            tensor._array = bytes_codec.deserialize(record.payload, count).reshape(record.dims)
+        except (TritonModelException, ValueError) as exc:
+            raise TritonModelException(
+                f"Corrupted tensor record at shared memory handle {handle}: BYTES payload {exc}"
+            ) from None
         return tensor
     _adopt(tensor, record)
     return tensor
