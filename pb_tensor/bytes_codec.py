@@ -20,7 +20,7 @@ Deliberate differences from upstream (the README's "Differences from Triton" tab
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -43,6 +43,9 @@ _BEYOND: Final = "Invalid bytes tensor data: string extends beyond buffer"
 _LARGE_OBJECT_ELEMENT: Final = 512
 # Up to this many elements, plain Python beats the fixed cost of any numpy call.
 _FEW_ELEMENTS: Final = 64
+# Up to this many wire bytes, deserialisation is a plain loop: the fixed cost of a numpy probe or
+# of an exception ending the loop is more than the whole loop there.
+_SMALL_WIRE: Final = 384
 # Elements shorter than this are cut by a compiled ``struct`` format of their own length (made on
 # first use and kept, so at most this many small formats ever exist); longer ones are sliced.
 _PAIR_CAP: Final = 4096
@@ -50,9 +53,28 @@ _PAIR_CAP: Final = 4096
 # that follows it. Concurrent first uses may both store a format; the values are equivalent.
 _PAIRS: Final[dict[int, Callable[[Buffer, int], tuple[bytes, int]]]] = {}
 
+_Lengths = npt.NDArray[np.int64]
+# The length fields of short elements, made once: indexing beats a ``pack`` call per element.
+_HEAD_CAP: Final = 1024
+_HEADS: Final = [_U32.pack(length) for length in range(_HEAD_CAP)]
+# Positional dtype objects and module-level names: on the few-element paths, keyword arguments and
+# attribute lookups are a measurable share of the whole call.
+_U8: Final = np.dtype(np.uint8)
+_OBJECT: Final = np.dtype(object)
+_OBJECT_TYPE: Final = np.object_
+_BYTES_TYPE: Final = np.bytes_
+_ndarray: Final = np.ndarray
+_frombuffer: Final = np.frombuffer
+_fromiter: Final = np.fromiter
+
 
 # ------------------------------------------------------------------------------------------------
 # serialisation
+
+
+def _encode(item: object) -> bytes:
+    """Upstream's ``str(item).encode("utf-8")`` for an element that is not exactly ``bytes``."""
+    return item.encode() if type(item) is str else _coerce(item)
 
 
 def _coerce(item: object) -> bytes:
@@ -78,6 +100,41 @@ def _too_long(longest: int) -> TritonModelException:
     )
 
 
+def _join_few(items: list[Any]) -> bytes:
+    """Plain-loop serialisation of a few elements (object items, or ``S`` items as bytes)."""
+    pieces: list[bytes] = []
+    append = pieces.append
+    heads = _HEADS
+    rest = iter(items)
+    part = b""
+    try:
+        for item in rest:
+            part = item if type(item) is bytes else _encode(item)
+            append(heads[len(part)])
+            append(part)
+    except IndexError:
+        # ``part`` is _HEAD_CAP bytes or longer (its bytes dwarf the cost of this exception).
+        return _join_packed(pieces, part, rest)
+    return b"".join(pieces)
+
+
+def _join_packed(pieces: list[bytes], part: bytes, rest: Iterator[Any]) -> bytes:
+    """:func:`_join_few` from ``part`` on, with a ``pack`` call per length field."""
+    append = pieces.append
+    pack = _U32.pack
+    try:
+        append(pack(len(part)))
+        append(part)
+        for item in rest:
+            part = item if type(item) is bytes else _encode(item)
+            append(pack(len(part)))
+            append(part)
+    except struct.error:
+        # Only ``pack`` raises it, for the element ``part`` that does not fit.
+        raise _too_long(len(part)) from None
+    return b"".join(pieces)
+
+
 def _join_with_lengths(parts: list[bytes], lens: list[int]) -> bytes:
     pieces: list[bytes] = [b""] * (2 * len(parts))
     pieces[0::2] = map(_U32.pack, lens)
@@ -85,20 +142,16 @@ def _join_with_lengths(parts: list[bytes], lens: list[int]) -> bytes:
     return b"".join(pieces)
 
 
-def _serialize_objects(items: list[Any]) -> bytes | bytearray:
+def _serialize_objects(items: list[Any]) -> tuple[bytes | bytearray, _Lengths]:
+    """More than :data:`_FEW_ELEMENTS` object items: the wire bytes and the element lengths."""
     parts = _object_parts(items)
     n = len(parts)
-    if n <= _FEW_ELEMENTS:
-        few = list(map(len, parts))
-        if max(few) > _MAX_ELEMENT:
-            raise _too_long(max(few))
-        return _join_with_lengths(parts, few)
     lens = np.fromiter(map(len, parts), dtype=np.int64, count=n)
     longest = int(lens.max())
     if longest > _MAX_ELEMENT:
         raise _too_long(longest)
     if int(lens.sum()) >= n * _LARGE_OBJECT_ELEMENT:
-        return _join_with_lengths(parts, lens.tolist())
+        return _join_with_lengths(parts, lens.tolist()), lens
     # Joining with a 4-byte NUL separator lays out every element at its final place, with
     # zeroed length fields in between; only their non-zero bytes are then written, vectorised.
     # ``parts`` is always a list of our own (tolist() or a conversion), so mutating it is safe.
@@ -113,7 +166,7 @@ def _serialize_objects(items: list[Any]) -> bytes | bytearray:
         view[starts] = (lens >> shift).astype(np.uint8)
         starts += 1
         shift += 8
-    return out
+    return out, lens
 
 
 def _str_lengths(flat: npt.NDArray[np.bytes_]) -> npt.NDArray[np.int64]:
@@ -121,7 +174,7 @@ def _str_lengths(flat: npt.NDArray[np.bytes_]) -> npt.NDArray[np.int64]:
     return np.char.str_len(flat).astype(np.int64, copy=False)
 
 
-def _serialize_fixed(flat: npt.NDArray[np.bytes_]) -> npt.NDArray[np.uint8]:
+def _serialize_fixed(flat: npt.NDArray[np.bytes_]) -> tuple[npt.NDArray[np.uint8], _Lengths]:
     n = flat.size
     width = flat.dtype.itemsize  # at least 1: NumPy turns S0 into S1
     lens = _str_lengths(flat)
@@ -132,27 +185,35 @@ def _serialize_fixed(flat: npt.NDArray[np.bytes_]) -> npt.NDArray[np.uint8]:
     records["data"] = flat.view(f"V{width}")
     out = records.view(np.uint8)
     if int(lens.min()) == width:
-        return out
+        return out, lens
     row = 4 + width
     # The narrowest index type keeps the (n, row) comparison cheap; row fits it by construction.
     index_type = np.uint8 if row < 1 << 8 else np.uint16 if row < 1 << 16 else np.int64
     keep = np.arange(row, dtype=index_type) < (lens + 4).astype(index_type)[:, None]
-    return np.compress(keep.reshape(-1), out)  # measured faster than boolean indexing
+    return np.compress(keep.reshape(-1), out), lens  # measured faster than boolean indexing
 
 
-def _serialize(array: npt.NDArray[Any]) -> bytes | bytearray | npt.NDArray[np.uint8]:
+def _serialize(
+    array: npt.NDArray[Any],
+) -> tuple[bytes | bytearray | npt.NDArray[np.uint8], _Lengths | None]:
+    """The wire bytes of ``array``, and the element lengths when there are more than a few."""
     kind = array.dtype.type
-    if kind is np.object_:
-        if array.size == 0:
-            return np.empty(0, dtype=np.uint8)
-        return _serialize_objects(array.ravel().tolist())
-    if kind is np.bytes_:
-        if array.size == 0:
-            return np.empty(0, dtype=np.uint8)
+    if kind is _OBJECT_TYPE or kind is _BYTES_TYPE:
+        n = array.size
+        if n <= _FEW_ELEMENTS:
+            # ravel() reads any layout in C order; tolist() gives S items as numpy's bytes
+            # (trailing NULs dropped), exactly what the vectorised path below writes.
+            return (_join_few(array.ravel().tolist()) if n else _empty()), None
+        if kind is _OBJECT_TYPE:
+            return _serialize_objects(array.ravel().tolist())
         return _serialize_fixed(np.ascontiguousarray(array).reshape(-1))
     raise TritonModelException(
         f"BYTES tensors are built from object or bytes (S) arrays, not dtype {array.dtype}"
     )
+
+
+def _empty() -> npt.NDArray[np.uint8]:
+    return np.empty(0, dtype=np.uint8)
 
 
 def serialize(array: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
@@ -168,10 +229,22 @@ def serialize(array: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
         UnicodeEncodeError: for a ``str`` element that is not encodable (lone surrogates), as
             upstream.
     """
-    out = _serialize(np.asarray(array))
-    if isinstance(out, np.ndarray):
-        return out
-    return np.frombuffer(out, dtype=np.uint8)
+    return serialize_with_lengths(array)[0]
+
+
+def serialize_with_lengths(
+    array: npt.NDArray[Any],
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64] | None]:
+    """:func:`serialize`, and the element lengths it found on the way (no extra pass).
+
+    The lengths (``int64``, one per element in C order) are returned for arrays of more than
+    :data:`INDEX_MIN_ELEMENTS` elements, where a stored :func:`length_index` makes loads cheaper;
+    ``None`` for fewer. Same errors as :func:`serialize`.
+    """
+    out, lens = _serialize(array if type(array) is _ndarray else np.asarray(array))
+    if type(out) is not _ndarray:
+        out = _frombuffer(out, _U8)
+    return out, lens
 
 
 def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] | None:
@@ -185,12 +258,15 @@ def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] |
         TritonModelException: for an element longer than 4 GiB - 1 (upstream: ``struct.error``).
         UnicodeEncodeError: for a ``str`` element that is not encodable, as upstream.
     """
-    if input_tensor.size == 0:
+    n = input_tensor.size
+    if n == 0:
         return ()
     kind = input_tensor.dtype.type
-    if kind is not np.object_ and kind is not np.bytes_:
+    if kind is not _OBJECT_TYPE and kind is not _BYTES_TYPE:
         return None
-    out = _serialize(np.asarray(input_tensor))
+    if n <= _FEW_ELEMENTS and type(input_tensor) is _ndarray:
+        return _join_few(input_tensor.ravel().tolist())
+    out = _serialize(np.asarray(input_tensor))[0]
     if type(out) is bytes:
         return out
     if isinstance(out, np.ndarray):
@@ -200,6 +276,45 @@ def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] |
 
 # ------------------------------------------------------------------------------------------------
 # deserialisation
+
+
+def _pair(length: int) -> Callable[[Buffer, int], tuple[bytes, int]]:
+    """The compiled reader of an element of ``length`` (< :data:`_PAIR_CAP`) and the next field."""
+    unpack = _PAIRS[length] = struct.Struct(f"<{length}sI").unpack_from
+    return unpack
+
+
+def _split_few(data: bytes, end: int) -> list[bytes]:
+    """Walk ``data`` (``end`` bytes, at most :data:`_SMALL_WIRE`) with a plain loop.
+
+    Same reads as :func:`_split`, but the loop ends on a bounds test, not on an exception (which
+    costs more than a few elements).
+    """
+    out: list[bytes] = []
+    if not end:
+        return out
+    append = out.append
+    pairs = _PAIRS
+    try:
+        length: int = _U32.unpack_from(data, 0)[0]
+    except struct.error:
+        raise TritonModelException(_INCOMPLETE) from None
+    off = 4  # where the current element's bytes start
+    stop = 4 + length  # and end
+    while stop + 4 <= end:  # another length field follows this element
+        try:
+            item, length = pairs[length](data, off)
+        except KeyError:  # the first element of this length; lengths here are < _PAIR_CAP
+            item, length = _pair(length)(data, off)
+        append(item)
+        off = stop + 4
+        stop = off + length
+    if stop > end:
+        raise TritonModelException(_BEYOND)
+    append(data[off:stop])
+    if stop < end:
+        raise TritonModelException(_INCOMPLETE)
+    return out
 
 
 def _split(data: Buffer, end: int) -> list[bytes]:
@@ -227,7 +342,7 @@ def _split(data: Buffer, end: int) -> list[bytes]:
                 length = following
         except KeyError:
             if length < _PAIR_CAP:
-                pairs[length] = struct.Struct(f"<{length}sI").unpack_from
+                _pair(length)
                 continue
             # Long elements: slice them until a short one hands back to the loop above, so a
             # run of long elements costs one exception, not one each.
@@ -297,24 +412,39 @@ def deserialize(
             is given and differs.
         TypeError: if ``buf`` does not support the buffer protocol.
     """
-    view = _byte_view(buf)
-    end = view.nbytes
-    result: npt.NDArray[np.object_] | None = None
-    if end >= 4:
-        first = _U32.unpack_from(view, 0)[0]
-        stride = 4 + first
-        if end % stride == 0 and first < 1 << 31:
-            result = _split_uniform(view, first, end // stride)
-    if result is None:
-        # struct reads a bytes object a little faster than a memoryview; an ndarray would cost a
-        # buffer export per call, so that one is read through its memoryview.
-        items = _split(buf if type(buf) is bytes else view, end) if end else []
-        result = np.fromiter(items, dtype=object, count=len(items))
-    if count is not None and count != result.size:
+    if type(buf) is bytes:
+        data: bytes | None = buf
+    elif type(buf) is _ndarray and buf.nbytes <= _SMALL_WIRE:
+        data = buf.tobytes()  # C order, whatever the dtype and strides
+    else:
+        data = None
+    if data is not None and len(data) <= _SMALL_WIRE:
+        items = _split_few(data, len(data))
+        result = _fromiter(items, _OBJECT, len(items))
+    else:
+        result = _deserialize_view(_byte_view(buf), data)
+    if count is not None and count != len(result):
         raise TritonModelException(
-            f"Invalid bytes tensor data: expected {count} elements, found {result.size}"
+            f"Invalid bytes tensor data: expected {count} elements, found {len(result)}"
         )
     return result
+
+
+def _deserialize_view(view: memoryview, data: bytes | None) -> npt.NDArray[np.object_]:
+    """:func:`deserialize` of ``view`` (``data``: the same bytes when the input was bytes)."""
+    end = view.nbytes
+    if end <= _SMALL_WIRE:
+        items = _split_few(view.tobytes(), end)
+        return _fromiter(items, _OBJECT, len(items))
+    first = _U32.unpack_from(view, 0)[0]
+    stride = 4 + first
+    if end % stride == 0 and first < 1 << 31:
+        result = _split_uniform(view, first, end // stride)
+        if result is not None:
+            return result
+    # struct reads a bytes object a little faster than a memoryview.
+    items = _split(view if data is None else data, end)
+    return np.fromiter(items, dtype=object, count=len(items))
 
 
 def deserialize_bytes_tensor(encoded_tensor: Buffer | npt.NDArray[Any]) -> npt.NDArray[np.object_]:

@@ -119,6 +119,10 @@ EDGE_CASES: dict[str, np.ndarray[Any, Any]] = {
     "object-bytearray-memoryview": objects(bytearray(b"ab"), b"cd"),
     "object-bytes-subclass": objects(BytesSubclass(b"sub"), b"plain"),
     "object-long-elements": objects(b"x" * 300, b"y" * 70000, b"z"),
+    "object-long-then-coerced": objects(b"a", b"x" * 1024, "é", 3, b"y" * 1023),
+    "object-65-elements": objects(*(bytes([i]) * (i % 3) for i in range(65))),
+    "S-64-elements": np.array([bytes([97 + i % 26]) * (i % 4) for i in range(64)], dtype="S3"),
+    "S-65-elements": np.array([bytes([97 + i % 26]) * (i % 4) for i in range(65)], dtype="S3"),
     "object-large-mean": objects(*(bytes([i]) * (1000 + i) for i in range(8))),
     "object-many-large": objects(*(bytes([i]) * (600 + 7 * i) for i in range(80))),
     "object-many-small": objects(*(bytes([i]) * (i % 7) for i in range(80))),
@@ -243,13 +247,34 @@ def test_serialize_header_bytes_for_every_width() -> None:
     assert_bytes_array(deserialize(serialize(array)), items)
 
 
-@pytest.mark.parametrize("count", [3, 100])
+class NarrowLengths(struct.Struct):
+    """``<I`` whose ``pack`` refuses values over 10 as ``struct`` refuses values over 2**32 - 1."""
+
+    def pack(self, *values: Any) -> bytes:
+        if values[0] > 10:
+            raise struct.error("'I' format requires 0 <= number <= 10")
+        return super().pack(*values)
+
+
+def test_length_field_range_is_structs() -> None:
+    """The few-element path relies on ``struct`` refusing lengths that do not fit."""
+    with pytest.raises(struct.error):
+        bytes_codec._U32.pack(1 << 32)
+    assert bytes_codec._U32.pack((1 << 32) - 1) == b"\xff\xff\xff\xff"
+
+
+@pytest.mark.parametrize("count", [1, 3, 64, 65, 100])
 def test_element_too_long_for_the_length_field(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
-    # Stands in for a 4 GiB element: the check is the same, the memory is not needed.
+    # Stands in for a 4 GiB element: the checks are the same, the memory is not needed.
     monkeypatch.setattr(bytes_codec, "_MAX_ELEMENT", 10)
+    monkeypatch.setattr(bytes_codec, "_U32", NarrowLengths("<I"))
+    monkeypatch.setattr(bytes_codec, "_HEADS", [])
     array = objects(*([b"x"] * (count - 1)), b"y" * 11)
     with pytest.raises(TritonModelException) as info:
         serialize(array)
+    assert str(info.value) == "BYTES element of 11 bytes does not fit the 32-bit length field"
+    with pytest.raises(TritonModelException) as info:
+        serialize_byte_tensor(array)
     assert str(info.value) == "BYTES element of 11 bytes does not fit the 32-bit length field"
 
 
@@ -305,6 +330,32 @@ def test_deserialize_buffer_kinds(kind: Any, items: list[bytes]) -> None:
     assert_bytes_array(deserialize(buf), items)
     assert_bytes_array(deserialize(buf, len(items)), items)
     assert_bytes_array(deserialize_bytes_tensor(buf), items)
+
+
+@pytest.mark.parametrize("total", [380, 383, 384, 385, 388, 392])
+def test_deserialize_either_side_of_the_plain_loop(total: int) -> None:
+    """Wire sizes around the plain-loop bound, uniform and not, valid and truncated."""
+    assert bytes_codec._SMALL_WIRE == 384
+    for first in (0, 1, 7):
+        items = [b"f" * first]
+        left = total - 4 - first
+        while left >= 4:
+            size = min(left - 4, 9)
+            items.append(bytes([len(items) % 251]) * size)
+            left -= 4 + size
+        data = wire(*items) + b"\x00" * left
+        for buf in (data, np.frombuffer(data, dtype=np.uint8), bytearray(data)):
+            try:
+                expected: list[bytes] | str = reference_deserialize(data)
+            except TritonModelException as exc:
+                expected = str(exc)
+            try:
+                got: list[bytes] | str = deserialize(buf).tolist()
+            except TritonModelException as exc:
+                got = str(exc)
+            assert got == expected
+    uniform = wire(*[b"abcd"] * (total // 8))
+    assert_bytes_array(deserialize(uniform), [b"abcd"] * (total // 8))
 
 
 def test_compiled_formats_stay_bounded() -> None:
