@@ -418,15 +418,19 @@ def load_record(
             then.
     """
     fields, holder = pool._hold(handle, RECORD, take, _parse)
+    # Until `claimed` is set, the holder dying (an exception on the way) gives a taken message
+    # back to the record instead of dropping it.
     payload = _ndview(holder, np.ndarray)
     if readonly:
         payload.flags.writeable = False
     name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset, release_id = fields
-    return _new_record(
+    record = _new_record(
         TensorRecord,
         (handle, name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset,
          release_id, payload.tobytes() if memory_type == MEMORY_GPU else None, payload),
     )  # fmt: skip
+    holder._claimed = True
+    return record
 
 
 # Building the NamedTuple through tuple.__new__ skips its Python-level __new__ (0.3 us -> 0.1).

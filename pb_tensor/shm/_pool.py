@@ -49,10 +49,12 @@ from pb_tensor.shm._segment import (
     check_name,
     create_segment,
     extend_segment,
+    is_sealed,
     open_segment,
     positive_int,
     reopen,
     round_up,
+    sealing_supported,
 )
 
 __all__ = [
@@ -85,19 +87,20 @@ class _Held(np.ndarray[Any, np.dtype[np.uint8]]):
     taken: a holder dropped before that gives nothing back.
     """
 
-    __slots__ = ("_handle", "_message", "_pool", "_token")
+    __slots__ = ("_claimed", "_handle", "_message", "_pool", "_token")
 
     _pool: SharedMemoryPool
     _token: int
     _handle: int
-    _message: bool  # the reference is a message taken over by a load
+    _message: bool  # the reference is a message taken over by a load ...
+    _claimed: bool  # ... and that load returned: dying gives the message back unless so
 
     def __del__(self) -> None:
         # Never raise from a finaliser (a corrupted header is reported by the next explicit
         # operation), and look up no module global: this may run during interpreter shutdown.
         try:
             if self._token:
-                self._pool._owner_died(self._token)
+                self._pool._owner_died(self._token, self._message and not self._claimed)
         except Exception:
             pass
 
@@ -158,7 +161,7 @@ class SharedMemoryPool:
         self._tlock = threading.RLock()
         self._map_lock = threading.Lock()
         self._holder = 0
-        self._pending: list[int] = []
+        self._pending: list[tuple[int, bool]] = []  # (token, restore) given back later
         self._owners: dict[int, int] = {}  # token -> handle, for references held by views
         self._lock_fd = -1
         self._map = Mapping(_map_fd, _size, _populate, 0)
@@ -183,6 +186,7 @@ class SharedMemoryPool:
         max_size: int | None = None,
         name: str | None = None,
         populate: bool = True,
+        sealed: bool | None = None,
     ) -> SharedMemoryPool:
         """Create a new pool of ``size`` bytes (rounded up to whole pages) under ``name``.
 
@@ -193,9 +197,18 @@ class SharedMemoryPool:
         The memory is reserved with ``posix_fallocate``, so exhaustion shows up here as an
         exception, never later as SIGBUS.
 
+        ``sealed`` (default: wherever Linux allows it) makes the segment impossible to shrink,
+        so no other process can turn this process's accesses into SIGBUS by truncating it: the
+        segment is then a sealed ``memfd`` that ``/dev/shm/<name>`` links to through this
+        process's ``/proc`` entry, and :meth:`attach` works while this process holds the pool
+        (processes attached before it exits keep working). ``sealed=False`` keeps a plain
+        ``/dev/shm`` file, attachable from other PID namespaces and after this process
+        exits; truncation is then detected before every access instead.
+
         Raises:
-            TritonModelException: a bad argument, a name already in use, or not enough room in
-                ``/dev/shm`` (the message gives the requested and available sizes).
+            TritonModelException: a bad argument, a name already in use, not enough room in
+                ``/dev/shm`` (the message gives the requested and available sizes), or
+                ``sealed=True`` where this system cannot seal segments.
         """
         size = positive_int(size, "Shared memory pool size")
         growth = round_up(positive_int(growth, "Shared memory pool growth"), PAGE)
@@ -210,9 +223,18 @@ class SharedMemoryPool:
                 f"Unable to initialize shared memory key '{name}' to requested size "
                 f"({size} bytes): the pool maximum is {max_size} bytes."
             )
-        fd = create_segment(name, size, growth, 0 if max_size is None else max_size)
+        if sealed is None:
+            sealed = sealing_supported()
+        elif sealed and not sealing_supported():
+            raise TritonModelException(
+                "Sealed shared memory pools need Linux with memfd_create, file seals and /proc"
+            )
+        fd = create_segment(name, size, growth, 0 if max_size is None else max_size, sealed)
         try:
-            return cls(_name=name, _map_fd=fd, _creator=True, _populate=populate, _size=size)
+            return cls(
+                _name=name, _map_fd=fd, _creator=True, _populate=populate, _size=size,
+                _sealed=sealed,
+            )  # fmt: skip
         except BaseException:
             os.close(fd)
             os.unlink(os.path.join(SHM_DIR, name))
@@ -229,7 +251,10 @@ class SharedMemoryPool:
         """
         fd, total = open_segment(check_name(name))
         try:
-            return cls(_name=name, _map_fd=fd, _creator=False, _populate=populate, _size=total)
+            return cls(
+                _name=name, _map_fd=fd, _creator=False, _populate=populate, _size=total,
+                _sealed=is_sealed(fd),
+            )  # fmt: skip
         except BaseException:
             os.close(fd)
             raise
@@ -343,6 +368,11 @@ class SharedMemoryPool:
         return self._closed
 
     @property
+    def sealed(self) -> bool:
+        """Whether the segment is sealed against shrinking (see :meth:`create`)."""
+        return self._sealed
+
+    @property
     def is_creator(self) -> bool:
         """Whether this object created the segment (and will unlink it)."""
         return self._creator
@@ -445,9 +475,9 @@ class SharedMemoryPool:
         # handler inside an operation) are given back here, at a safe point.
         pending = self._pending
         while pending:
-            handle = pending.pop()
+            token, restore = pending.pop()
             with contextlib.suppress(TritonModelException):
-                self._drop_locked(m, handle, None, False, 0)
+                self._give_back_locked(m, token, restore)
 
     # --------------------------------------------------------------------------- allocation
     def allocate(self, nbytes: int) -> int:
@@ -517,6 +547,8 @@ class SharedMemoryPool:
             holder = _ndnew(_Held, (view[1],), _U8, m.mv, handle + heap.PREFIX + view[0])
             holder._pool = self
             holder._handle = handle
+            holder._message = False
+            holder._claimed = True
             holder._token = 0
         try:
             heap.allocate_block(
@@ -659,14 +691,22 @@ class SharedMemoryPool:
                 heap.REF.pack_into(m.mm, handle, refcount, pending)
             raise
 
-    def _add_message_locked(self, m: Mapping, handle: int) -> None:
-        """One more message on a record (a second save of the same tensor). Lock held."""
+    def _add_message_locked(self, m: Mapping, handle: int, cell: list[int]) -> None:
+        """One more message on a record (a second save of the same tensor), handed to
+        ``cell[0]`` in the same step as written (as :meth:`_take`). Lock held."""
         _, _, refcount, pending = self._check_block(m, handle, heap.RECORD)
         if refcount >= heap.MAX_REFCOUNT:
             raise TritonModelException(
                 f"Shared memory handle {handle}: reference count overflow ({refcount})"
             )
-        heap.REF.pack_into(m.mm, handle, refcount + 1, pending + 1)
+        new = (refcount + 1, pending + 1)
+        try:
+            heap.REF.pack_into(m.mm, handle, *new)
+            cell[0] = handle
+        except BaseException:
+            if cell[0] != handle and heap.REF.unpack_from(m.mm, handle) == new:
+                heap.REF.pack_into(m.mm, handle, refcount, pending)
+            raise
 
     def _untake(self, payload: npt.NDArray[np.uint8]) -> None:
         """Undo a load that failed after it took its reference (``payload``: the record's
@@ -674,21 +714,33 @@ class SharedMemoryPool:
         of the payload may be in use any more."""
         holder = payload.base
         if isinstance(holder, _Held) and holder._token:
-            self._op(self._untake_locked, holder)
+            self._op(self._give_back_locked, holder._token, holder._message)
+            holder._token = 0
 
-    def _untake_locked(self, m: Mapping, holder: _Held) -> None:
-        token = holder._token
+    def _give_back_locked(self, m: Mapping, token: int, restore: bool) -> None:
+        """Give back the reference held under ``token`` (lock held): dropped, or with
+        ``restore`` turned back into a pending message (a load that did not complete)."""
         handle = self._owners.get(token)
         if handle is None:
             return
-        if not holder._message:
-            self._drop_locked(m, handle, None, False, token)
-            holder._token = 0
-            return
-        refcount, pending = heap.REF.unpack_from(m.mm, handle)
-        heap.REF.pack_into(m.mm, handle, refcount, pending + 1)
-        del self._owners[token]
-        holder._token = 0
+        try:
+            if not restore:
+                self._drop_locked(m, handle, None, False, token)
+                return
+            _, _, refcount, pending = self._check_block(m, handle, heap.RECORD)
+            new = (refcount, pending + 1)
+            try:
+                heap.REF.pack_into(m.mm, handle, *new)
+                del self._owners[token]
+            except BaseException:
+                if token in self._owners:
+                    if heap.REF.unpack_from(m.mm, handle) != new:
+                        heap.REF.pack_into(m.mm, handle, *new)
+                    del self._owners[token]
+                raise
+        except TritonModelException:
+            self._owners.pop(token, None)  # a corrupted block: nothing to give back to
+            raise
 
     def decref(self, handle: int) -> None:
         """Drop a reference to the allocation at ``handle``; free it when none is left.
@@ -835,35 +887,25 @@ class SharedMemoryPool:
         holder = _ndnew(_Held, (length,), _U8, m.mv, handle + heap.PREFIX + offset)
         holder._pool = self
         holder._handle = handle
+        holder._message = False
+        holder._claimed = False
         holder._token = 0
         self._take(m, handle, holder, token, message, refcount, pending)
         return result, holder
 
-    def _owner_died(self, token: int) -> None:
+    def _owner_died(self, token: int, restore: bool) -> None:
         if self._released or token not in self._owners:
             return
         if self._holder == threading.get_ident():
             # Inside an operation of this thread (a GC pass or a signal handler): give the
             # reference back when the operation ends.
-            handle = self._owners.pop(token, None)
-            if handle is not None:
-                self._pending.append(handle)
+            self._pending.append((token, restore))
             return
         try:
-            self._op(self._owner_died_locked, token)
+            self._op(self._give_back_locked, token, restore)
         finally:
             if self._closed and not self._owners:
                 self._release_resources()
-
-    def _owner_died_locked(self, m: Mapping, token: int) -> None:
-        handle = self._owners.get(token)
-        if handle is None:
-            return
-        try:
-            self._drop_locked(m, handle, None, False, token)
-        except TritonModelException:
-            self._owners.pop(token, None)  # a corrupted block: nothing to give back to
-            raise
 
     # ----------------------------------------------------------------------------- checking
     def stats(self) -> PoolStats:

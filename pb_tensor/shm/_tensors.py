@@ -62,26 +62,34 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
     the first copies the data; later calls (and saves of a tensor loaded from ``pool``)
     only add a message to the same record.
     """
-    state = tensor._shm
-    if state is not None and state[0] is pool:
-        return _add_message(pool, int(state[1]))
-    with _save_locks[id(tensor) % _STRIPES]:
+    # The message is ours until the handle is returned: `cell` holds it from the moment it
+    # exists, and anything raised on the way (a signal handler, MemoryError) gives it back.
+    cell = [0]
+    try:
         state = tensor._shm
         if state is not None and state[0] is pool:
-            return _add_message(pool, int(state[1]))
-        return _save_locked(tensor, pool)
+            pool._call(pool._add_message_locked, int(state[1]), cell)
+        else:
+            with _save_locks[id(tensor) % _STRIPES]:
+                state = tensor._shm
+                if state is not None and state[0] is pool:
+                    pool._call(pool._add_message_locked, int(state[1]), cell)
+                else:
+                    _save_locked(tensor, pool, cell)
+        handle = cell[0]
+        cell[0] = 0  # handed over: nothing that can raise until the return
+        return handle
+    finally:
+        if cell[0]:
+            pool.release(cell[0])
 
 
-def _add_message(pool: shm.SharedMemoryPool, handle: int) -> int:
-    pool._call(pool._add_message_locked, handle)
-    return handle
-
-
-def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
+def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
     dtype = tensor._dtype
     dims = tensor._dims
     if tensor._memory_type == MemoryType.GPU:
-        return _save_gpu(tensor, pool)
+        _save_gpu(tensor, pool, cell)
+        return
     payload = _host_payload(tensor)
     # Pinned data lands in ordinary shared memory: the copy is plain CPU memory (as Triton's
     # server maps pinned buffers to CPU shared memory).
@@ -92,14 +100,14 @@ def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
         memory_type=int(MemoryType.CPU), memory_type_id=0,
         payload=payload, byte_size=int(payload.nbytes),
     )  # fmt: skip
+    cell[0] = record.handle  # no call since the save returned: nothing could interrupt
     _adopt(tensor, record)
     tensor._memory_type = MemoryType.CPU
     tensor._memory_id = 0
     tensor._shm = (pool, record.handle, record.payload)
-    return record.handle
 
 
-def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
+def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
     """Record the CUDA IPC handle of the tensor's allocation and the pointer's offset in it
     (upstream's layout); the data stays in device memory. No CUDA call for an empty tensor."""
     state = tensor._shm
@@ -121,12 +129,11 @@ def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
         memory_type=int(MemoryType.GPU), memory_type_id=device, payload=None,
         byte_size=byte_size, gpu_pointer_offset=offset, ipc_handle=ipc_handle,
     )  # fmt: skip
-    handle = record.handle
-    tensor._shm = (pool, handle, record)
+    cell[0] = record.handle  # no call since the save returned: nothing could interrupt
+    tensor._shm = (pool, record.handle, record)
     key = (os.getpid(), ipc_handle, offset)
     if byte_size and key not in _saved_here:
         _saved_here[key] = tensor
-    return handle
 
 
 def _open_gpu(record: shm.TensorRecord, dtype: TritonDtype) -> dl.DLPackTensor:
