@@ -26,12 +26,24 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from pb_tensor import _bytes_lengths
 from pb_tensor.errors import TritonModelException
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["deserialize", "deserialize_bytes_tensor", "serialize", "serialize_byte_tensor"]
+__all__ = [
+    "INDEX_MIN_ELEMENTS",
+    "deserialize",
+    "deserialize_bytes_tensor",
+    "length_index",
+    "serialize",
+    "serialize_byte_tensor",
+    "serialize_with_lengths",
+]
+
+INDEX_MIN_ELEMENTS: Final = _bytes_lengths.MIN_ELEMENTS
+"""A :func:`length_index` pays off above this many elements (below it, walking is cheaper)."""
 
 _U32: Final = struct.Struct("<I")
 _MAX_ELEMENT: Final = 0xFFFFFFFF
@@ -244,7 +256,22 @@ def serialize_with_lengths(
     out, lens = _serialize(array if type(array) is _ndarray else np.asarray(array))
     if type(out) is not _ndarray:
         out = _frombuffer(out, _U8)
+    if lens is not None and lens.size <= INDEX_MIN_ELEMENTS:
+        lens = None
     return out, lens
+
+
+def length_index(lengths: npt.NDArray[np.integer[Any]]) -> bytes:
+    """The stored form of a BYTES tensor's element lengths, to keep beside its wire bytes.
+
+    ``lengths`` are the element lengths in order (from :func:`serialize_with_lengths`). Passed
+    back as ``deserialize(..., index=...)``, the index lets a reader check the data and cut all
+    elements at once instead of walking the chained length fields in Python. Layout
+    (little-endian): ``b"pbtLENS1"``, ``uint64`` element count, ``uint64`` wire size, then one
+    ``uint32`` length per element. pb-tensor's shared-memory records store it after the payload,
+    outside ``byte_size``, where Triton's readers never look.
+    """
+    return _bytes_lengths.length_index(lengths)
 
 
 def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] | None:
@@ -397,21 +424,32 @@ def _byte_view(buf: Buffer | npt.NDArray[Any]) -> memoryview:
 
 
 def deserialize(
-    buf: Buffer | npt.NDArray[Any], count: int | None = None
+    buf: Buffer | npt.NDArray[Any],
+    count: int | None = None,
+    *,
+    index: Buffer | None = None,
 ) -> npt.NDArray[np.object_]:
     """The elements of a BYTES tensor's wire bytes, as a 1-D object array of ``bytes``.
 
     ``buf`` is any buffer (``bytes``, ``bytearray``, ``memoryview``, a ``uint8`` array that views
     shared memory ...); it is read, never kept. ``count``, when given, is the element count the
-    caller expects (the product of the tensor's dims).
+    caller expects (the product of the tensor's dims). ``index``, when given, is what
+    :func:`length_index` made for this data (stored beside it); it is checked against the data
+    and then spares the walk along the length fields. An ``index`` that is not a length index at
+    all (no ``pbtLENS1`` head) is ignored and the data are walked.
 
     Raises:
         TritonModelException: ``"Invalid bytes tensor data: incomplete length field"`` or
             ``"Invalid bytes tensor data: string extends beyond buffer"`` for malformed data;
             ``"Invalid bytes tensor data: expected <count> elements, found <n>"`` when ``count``
-            is given and differs.
-        TypeError: if ``buf`` does not support the buffer protocol.
+            is given and differs; ``"Invalid bytes tensor data: stored element lengths ..."``
+            when ``index`` is a length index that does not match the data exactly.
+        TypeError: if ``buf`` or ``index`` does not support the buffer protocol.
     """
+    if index is not None:
+        indexed = _deserialize_indexed(buf, count, index)
+        if indexed is not None:
+            return indexed
     if type(buf) is bytes:
         data: bytes | None = buf
     elif type(buf) is _ndarray and buf.nbytes <= _SMALL_WIRE:
@@ -428,6 +466,18 @@ def deserialize(
             f"Invalid bytes tensor data: expected {count} elements, found {len(result)}"
         )
     return result
+
+
+def _deserialize_indexed(
+    buf: Buffer | npt.NDArray[Any], count: int | None, index: Buffer
+) -> npt.NDArray[np.object_] | None:
+    # One copy into a bytes object: struct reads it fastest, and the checks and the cutting see
+    # the same bytes even if shared memory changes meanwhile.
+    data = buf if type(buf) is bytes else _byte_view(buf).tobytes()
+    known = _bytes_lengths.read_index(index, data, count)
+    if known is None:
+        return None
+    return _bytes_lengths.split_known(data, *known)
 
 
 def _deserialize_view(view: memoryview, data: bytes | None) -> npt.NDArray[np.object_]:

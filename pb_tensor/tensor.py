@@ -141,6 +141,7 @@ class Tensor:
         "_dims",
         "_dl",
         "_dtype",
+        "_lengths",
         "_memory_id",
         "_memory_type",
         "_name",
@@ -159,6 +160,9 @@ class Tensor:
     _dl: dl.DLPackTensor | None
     # BYTES only: the serialized wire bytes.
     _serialized: np.ndarray[Any, Any] | None
+    # BYTES only: the element lengths serialisation found (many elements only), stored beside
+    # the payload when the tensor is saved to shared memory.
+    _lengths: np.ndarray[Any, Any] | None
     # Shared-memory state once saved or loaded (handle, pool), or None.
     _shm: Any
 
@@ -174,8 +178,12 @@ class Tensor:
         dtype = triton_dtype_from_numpy(array.dtype)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None,
-              bytes_codec.serialize(array) if dtype == TritonDtype.TYPE_BYTES else None)
+        if dtype is not TritonDtype.TYPE_BYTES:
+            _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None, None)
+            return
+        serialized, lengths = bytes_codec.serialize_with_lengths(array)
+        _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None, serialized)
+        self._lengths = lengths
 
     # ----------------------------------------------------------------------------------------
     # Construction from DLPack
@@ -540,6 +548,7 @@ def _fill(
     t._array = array
     t._dl = imported
     t._serialized = serialized
+    t._lengths = None
     t._shm = None
     return t
 

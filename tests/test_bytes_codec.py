@@ -456,10 +456,13 @@ def test_deserialize_matches_tritonclient() -> None:
 
 def test_public_names() -> None:
     assert sorted(bytes_codec.__all__) == [
+        "INDEX_MIN_ELEMENTS",
         "deserialize",
         "deserialize_bytes_tensor",
+        "length_index",
         "serialize",
         "serialize_byte_tensor",
+        "serialize_with_lengths",
     ]
 
 
@@ -539,3 +542,185 @@ def test_damaged_data_property(
         except TritonModelException as exc:
             got = str(exc)
         assert got == expected
+
+
+# ------------------------------------------------------------------------------------------------
+# Stored element lengths (length index)
+
+STORED = "Invalid bytes tensor data: stored element lengths"
+
+
+def index_of(items: list[bytes]) -> bytes:
+    """The documented layout, restated."""
+    head = struct.pack("<8sQQ", b"pbtLENS1", len(items), len(wire(*items)))
+    return head + b"".join(struct.pack("<I", len(item)) for item in items)
+
+
+def test_length_index_layout() -> None:
+    items = [b"ab", b"", b"cde\x00"]
+    lengths = np.array([2, 0, 4], dtype=np.int64)
+    assert bytes_codec.length_index(lengths) == index_of(items)
+    assert bytes_codec.length_index(np.array([], dtype=np.int64)) == index_of([])
+    assert index_of(items)[:24] == (
+        b"pbtLENS1" + b"\x03" + b"\x00" * 7 + b"\x12" + b"\x00" * 7
+    )
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        objects(*(bytes([i % 256]) * (i % 9) for i in range(65))),
+        objects(*(str(i) for i in range(100))),
+        objects(*(b"x" * 600 for _ in range(70))),  # large mean: joined with pack
+        np.array([b"a\x00", b"bcd"] * 40, dtype="S4"),
+        np.array([b"abcd"] * 80, dtype="S4"),  # no trailing NULs anywhere
+    ],
+)
+def test_serialize_with_lengths(array: np.ndarray[Any, Any]) -> None:
+    out, lengths = bytes_codec.serialize_with_lengths(array)
+    assert out.tobytes() == reference_serialize(array)
+    assert lengths is not None
+    assert lengths.dtype == np.int64
+    assert lengths.tolist() == [len(item) for item in reference_deserialize(out.tobytes())]
+
+
+@pytest.mark.parametrize("count", [0, 1, 6, 64])
+def test_few_elements_have_no_lengths(count: int) -> None:
+    assert bytes_codec.INDEX_MIN_ELEMENTS == 64
+    array = objects(*([b"ab"] * count))
+    out, lengths = bytes_codec.serialize_with_lengths(array)
+    assert out.tobytes() == (reference_serialize(array) if count else b"")
+    assert lengths is None
+
+
+INDEXED_CASES = {
+    "short-mixed": [bytes([i % 256]) * (i % 33) for i in range(200)],
+    "uniform": [b"abcd"] * 100,
+    "uniform-empty": [b""] * 100,
+    "uniform-trailing-nul": [b"a\x00"] * 100,
+    "around-token-cap": [b"s" * 4095, b"", b"t" * 4094] * 30,
+    "long-elements": [b"l" * 5000, b"s", b"m" * 4096] * 30,
+    "more-than-a-chunk": [bytes([i % 7]) * (i % 5) for i in range(20_000)],
+    "single": [b"only"],
+}
+
+
+@pytest.mark.parametrize("items", INDEXED_CASES.values(), ids=INDEXED_CASES.keys())
+@pytest.mark.parametrize("kind", ["bytes", "uint8-array", "read-only-array"])
+def test_deserialize_with_index(items: list[bytes], kind: str) -> None:
+    data = wire(*items)
+    buf: Any = {
+        "bytes": data,
+        "uint8-array": np.frombuffer(bytearray(data), dtype=np.uint8),
+        "read-only-array": np.frombuffer(data, dtype=np.uint8),
+    }[kind]
+    index = index_of(items)
+    assert_bytes_array(deserialize(buf, len(items), index=index), items)
+    assert_bytes_array(deserialize(buf, index=index), items)
+    assert_bytes_array(deserialize(buf, index=memoryview(index)), items)
+    # An index followed by unrelated bytes (the slack of an allocation) reads the same.
+    assert_bytes_array(deserialize(buf, index=index + b"\xff" * 13), items)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [b"", b"pbtLENS", b"x" * 24, b"pbtLENS2" + bytes(16), b"\x00" * 64],
+    ids=["empty", "short-head", "other-magic", "other-version", "zeros"],
+)
+def test_not_an_index_is_ignored(index: bytes) -> None:
+    items = [b"abc", b"", b"de"]
+    assert_bytes_array(deserialize(wire(*items), 3, index=index), items)
+    with pytest.raises(TritonModelException) as info:
+        deserialize(wire(*items)[:-1], 3, index=index)
+    assert str(info.value) == BEYOND
+
+
+def patched(data: bytes, *patches: tuple[int, bytes]) -> bytes:
+    out = bytearray(data)
+    for at, value in patches:
+        out[at : at + len(value)] = value
+    return bytes(out)
+
+
+ITEMS = [b"abc", b"", b"de", b"fghi"]  # 25 wire bytes; the index: 24-byte head + 4 lengths
+INDEX = index_of(ITEMS)
+
+
+@pytest.mark.parametrize(
+    ("index", "count", "message"),
+    [
+        (INDEX, 5, "are for 4 elements, the tensor has 5"),
+        (patched(INDEX, (8, b"\x05")), 4, "are for 5 elements, the tensor has 4"),
+        (patched(INDEX, (8, b"\x05")), None, "are truncated: 40 bytes, 44 needed"),
+        (patched(INDEX, (16, b"\x1a")), 4, "are for 26 bytes of data, found 25"),
+        (INDEX[:-1], None, "are truncated: 39 bytes, 40 needed"),
+        (patched(INDEX, (28, b"\x01")), 4, "add up to 26 bytes, the data has 25"),
+        (
+            patched(INDEX, (24, b"\x02"), (28, b"\x01")),
+            None,
+            "do not match the data: element 0 is stored as 2 bytes, its length field says 3",
+        ),
+        (
+            patched(INDEX, (32, b"\x01"), (36, b"\x05")),
+            4,
+            "do not match the data: element 2 is stored as 1 bytes, its length field says 2",
+        ),
+    ],
+)
+def test_corrupted_index_raises(index: bytes, count: int | None, message: str) -> None:
+    data = wire(*ITEMS)
+    for buf in (data, np.frombuffer(data, dtype=np.uint8)):
+        with pytest.raises(TritonModelException) as info:
+            deserialize(buf, count, index=index)
+        assert str(info.value) == f"{STORED} {message}"
+
+
+def test_index_of_empty_data() -> None:
+    assert_bytes_array(deserialize(b"", 0, index=index_of([])), [])
+    with pytest.raises(TritonModelException) as info:
+        deserialize(b"", 1, index=index_of([]))
+    assert str(info.value) == f"{STORED} are for 0 elements, the tensor has 1"
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    items=st.lists(ELEMENT, min_size=1, max_size=90),
+    patch=st.lists(st.tuples(st.integers(0, 10_000), st.binary(min_size=1, max_size=4)),
+                   max_size=3),
+    damage_data=st.booleans(),
+)
+def test_index_never_gives_wrong_data(
+    items: list[bytes], patch: list[tuple[int, bytes]], damage_data: bool
+) -> None:
+    """Any damage to the index (or the data): the walk's exact result, or an exception."""
+    data = bytearray(wire(*items))
+    index = bytearray(index_of(items))
+    target = data if damage_data else index
+    for at, junk in patch:
+        at %= len(target)
+        target[at : at + len(junk)] = junk
+    try:
+        expected: list[bytes] | None = reference_deserialize(bytes(data))
+    except TritonModelException:
+        expected = None
+    try:
+        got: list[bytes] | None = deserialize(bytes(data), index=bytes(index)).tolist()
+    except TritonModelException as exc:
+        assert str(exc).startswith("Invalid bytes tensor data: ")
+        got = None
+    if got is not None:
+        assert got == expected
+    if not patch:
+        assert got == items
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(items=st.lists(ELEMENT, min_size=65, max_size=200))
+def test_serialise_index_deserialise_round_trip(items: list[bytes]) -> None:
+    array = objects(*items)
+    out, lengths = bytes_codec.serialize_with_lengths(array)
+    assert lengths is not None
+    assert out.tobytes() == reference_serialize(array)
+    index = bytes_codec.length_index(lengths)
+    assert index == index_of(items)
+    assert_bytes_array(deserialize(out, len(items), index=index), items)

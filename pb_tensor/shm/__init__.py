@@ -56,6 +56,7 @@ __all__ = [
     "PoolStats",
     "SharedMemoryPool",
     "TensorRecord",
+    "load_appendix",
     "load_record",
     "record_payload_offset",
     "release",
@@ -224,6 +225,7 @@ def save_record(
     gpu_pointer_offset: int = 0,
     ipc_handle: bytes | None = None,
     memory_release_id: int = 0,
+    appendix: Buffer | None = None,
 ) -> int:
     """Store a tensor record in ``pool``; its handle, carrying one *message* reference.
 
@@ -239,6 +241,11 @@ def save_record(
     ``payload`` must be ``None``: ``byte_size`` describes the device memory and the 64-byte
     slot holds ``ipc_handle`` (zeros when ``None``).
 
+    ``appendix`` (CPU records only) is stored in the allocation after the payload, outside
+    ``byte_size``, where Triton's readers never look; :func:`load_appendix` reads it back.
+    pb-tensor keeps a BYTES tensor's length index there
+    (:func:`pb_tensor.bytes_codec.length_index`).
+
     Raises:
         TritonModelException: an argument is out of range (dtype not a
             ``TRITONSERVER_DataType``, memory type not 0-2, negative dims or more than
@@ -249,7 +256,7 @@ def save_record(
     """
     return _save(
         pool, name, dtype, dims, memory_type, memory_type_id, payload, byte_size,
-        gpu_pointer_offset, ipc_handle, memory_release_id, hold=False,
+        gpu_pointer_offset, ipc_handle, memory_release_id, appendix, hold=False,
     )[0]  # fmt: skip
 
 
@@ -266,6 +273,7 @@ def save_and_load_record(
     gpu_pointer_offset: int = 0,
     ipc_handle: bytes | None = None,
     memory_release_id: int = 0,
+    appendix: Buffer | None = None,
 ) -> TensorRecord:
     """:func:`save_record` then :func:`load_record` of the new record, in one lock cycle.
 
@@ -277,7 +285,7 @@ def save_and_load_record(
     """
     record = _save(
         pool, name, dtype, dims, memory_type, memory_type_id, payload, byte_size,
-        gpu_pointer_offset, ipc_handle, memory_release_id, hold=True,
+        gpu_pointer_offset, ipc_handle, memory_release_id, appendix, hold=True,
     )[1]  # fmt: skip
     if record is None:  # pragma: no cover - hold=True always builds one
         raise TritonModelException("internal error: no record from a held save")
@@ -296,6 +304,7 @@ def _save(
     gpu_pointer_offset: int,
     ipc_handle: bytes | None,
     memory_release_id: int,
+    appendix: Buffer | None,
     *,
     hold: bool,
 ) -> tuple[int, TensorRecord | None]:
@@ -341,15 +350,18 @@ def _save(
         if payload is not None:
             src = _source(payload, byte_size)
         payload_len = byte_size
+    extra = _appendix_bytes(appendix, memory_type)
 
     ndim, name_len = len(dims_t), len(name_b)
     poff = record_payload_offset(ndim, name_len)
+    tail = _appendix_at(payload_len)
     # The message reference is ours until `cell` is emptied on the way out; an exception at
     # any point before gives it back (the holder of a held save gives its own back by dying).
     cell = [0]
     try:
         m, holder = pool._allocate(
-            poff + payload_len, RECORD, 2 if hold else 1, 1, cell,
+            poff + (tail + len(extra) if extra else payload_len), RECORD, 2 if hold else 1, 1,
+            cell,
             (poff, payload_len) if hold else None,
         )  # fmt: skip
         handle = cell[0]
@@ -375,6 +387,8 @@ def _save(
                 else:
                     # One strided pass straight into the pool (no temporary contiguous copy).
                     np.copyto(dst.view(src.dtype).reshape(src.shape), src)
+        if extra:
+            m.mm[at + tail : at + tail + len(extra)] = extra
         record = None
         if holder is not None:
             record = _new_record(
@@ -388,6 +402,48 @@ def _save(
     finally:
         if cell[0]:
             pool._op(pool._drop_locked, cell[0], RECORD, True, 0)
+
+
+def _appendix_at(payload_len: int) -> int:
+    """Offset of the appendix from the payload start: the payload's end, 8-byte aligned."""
+    return (payload_len + 7) & -8
+
+
+def _appendix_bytes(appendix: Buffer | None, memory_type: int) -> memoryview | None:
+    if appendix is None:
+        return None
+    if memory_type == MEMORY_GPU:
+        raise TritonModelException("an appendix is only stored for CPU records")
+    try:
+        return memoryview(appendix).cast("B")
+    except TypeError:
+        raise TritonModelException(
+            f"appendix must be a C-contiguous buffer, not {type(appendix).__name__}"
+        ) from None
+
+
+def load_appendix(pool: SharedMemoryPool, record: TensorRecord) -> bytes:
+    """A copy of the bytes saved after ``record``'s payload (``save_record(appendix=...)``).
+
+    ``b""`` when there are none: GPU records, and records saved without one (by pb-tensor or
+    by anything that writes the plain Triton layout). One lock cycle.
+
+    Raises:
+        TritonModelException: ``record.handle`` is no longer a tensor record, or the pool is
+            closed.
+    """
+    if record.memory_type == MEMORY_GPU:
+        return b""
+    return pool._call(_load_appendix_locked, pool, record)
+
+
+def _load_appendix_locked(m: Mapping, pool: SharedMemoryPool, record: TensorRecord) -> bytes:
+    nbytes = pool._check_block(m, record.handle, RECORD)[1]
+    start = record.handle + PREFIX
+    poff = record_payload_offset(len(record.dims), len(record.name.encode("utf-8")))
+    at = start + poff + _appendix_at(record.byte_size)
+    end = start + nbytes
+    return m.mm[at:end] if end > at else b""
 
 
 def _corrupt(handle: int, field: str, detail: str) -> TritonModelException:

@@ -98,7 +98,7 @@ def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) ->
     record = shm.save_and_load_record(
         pool, name=tensor._name, dtype=int(dtype), dims=dims,
         memory_type=int(MemoryType.CPU), memory_type_id=0,
-        payload=payload, byte_size=int(payload.nbytes),
+        payload=payload, byte_size=int(payload.nbytes), appendix=_length_index(tensor),
     )  # fmt: skip
     cell[0] = record.handle  # no call since the save returned: nothing could interrupt
     _adopt(tensor, record)
@@ -165,6 +165,12 @@ def _open_gpu(record: shm.TensorRecord, dtype: TritonDtype) -> dl.DLPackTensor:
     return _wrap((mapping, record), mapping.ptr, record.dims, dtype, device)
 
 
+def _length_index(tensor: Tensor) -> bytes | None:
+    """A BYTES tensor's element lengths, stored after its payload so loads skip the walk."""
+    lengths = tensor._lengths
+    return None if lengths is None else bytes_codec.length_index(lengths)
+
+
 def _host_payload(tensor: Tensor) -> np.ndarray[Any, Any]:
     if tensor._serialized is not None:
         return tensor._serialized
@@ -228,6 +234,11 @@ def _build(
             f"Corrupted tensor record at shared memory handle {handle}: "
             f"dtype {record.dtype} / memory_type {record.memory_type} unknown"
         ) from None
+    if dtype == TritonDtype.TYPE_INVALID:
+        raise TritonModelException(
+            f"Corrupted tensor record at shared memory handle {handle}: dtype 0 (TYPE_INVALID) "
+            "cannot be loaded as a tensor"
+        )
     tensor = blank(record.name, dtype, record.dims, memory_type, record.memory_type_id)
     if memory_type == MemoryType.GPU:
         tensor._dl = _open_gpu(record, dtype)
@@ -239,8 +250,12 @@ def _build(
         for n in record.dims:
             count *= n
         tensor._serialized = record.payload
+        # Few elements are walked faster than an index is read and checked.
+        index = shm.load_appendix(pool, record) if count > bytes_codec.INDEX_MIN_ELEMENTS else None
         try:
-            tensor._array = bytes_codec.deserialize(record.payload, count).reshape(record.dims)
+            tensor._array = bytes_codec.deserialize(record.payload, count, index=index).reshape(
+                record.dims
+            )
         except (TritonModelException, ValueError) as exc:
             raise TritonModelException(
                 f"Corrupted tensor record at shared memory handle {handle}: BYTES payload {exc}"
