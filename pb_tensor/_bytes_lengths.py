@@ -36,8 +36,9 @@ __all__ = ["INDEX_HEAD_SIZE", "INDEX_MAGIC", "MIN_ELEMENTS", "length_index", "re
 INDEX_MAGIC: Final = b"pbtLENS1"
 _HEAD: Final = struct.Struct("<8sQQ")  # magic, element count, wire size
 INDEX_HEAD_SIZE: Final = _HEAD.size
-MIN_ELEMENTS: Final = 64
-"""Tensors of more elements than this get an index: below it, walking costs less than checking."""
+MIN_ELEMENTS: Final = 1024
+"""Tensors of more elements than this get an index: below it, walking costs about as much as
+reading and checking one (and serialisation finds the lengths for free only above it)."""
 
 # Elements shorter than this are cut by one compiled ``struct`` format per chunk of elements,
 # made from a table of per-length tokens; longer ones are sliced (their copy dominates anyway).

@@ -53,8 +53,11 @@ _BEYOND: Final = "Invalid bytes tensor data: string extends beyond buffer"
 # Above this mean element size (bytes), object arrays are joined with their length fields in one
 # pass: the numpy scatter of length fields only pays off when there are many small elements.
 _LARGE_OBJECT_ELEMENT: Final = 512
-# Up to this many elements, plain Python beats the fixed cost of any numpy call.
-_FEW_ELEMENTS: Final = 64
+# Up to this many elements, a plain loop serialises faster than the vectorised paths (measured:
+# object arrays cost about as much per element either way, so the loop wins up to ~1000; S arrays
+# are vectorised without any per-element Python, which wins from ~150 on).
+_FEW_OBJECTS: Final = 1024
+_FEW_FIXED: Final = 128
 # Up to this many wire bytes, deserialisation is a plain loop: the fixed cost of a numpy probe or
 # of an exception ending the loop is more than the whole loop there.
 _SMALL_WIRE: Final = 384
@@ -112,6 +115,15 @@ def _too_long(longest: int) -> TritonModelException:
     )
 
 
+def _join_one(item: object) -> bytes:
+    """The wire bytes of a one-element tensor."""
+    part = item if type(item) is bytes else _encode(item)
+    try:
+        return _U32.pack(len(part)) + part
+    except struct.error:
+        raise _too_long(len(part)) from None
+
+
 def _join_few(items: list[Any]) -> bytes:
     """Plain-loop serialisation of a few elements (object items, or ``S`` items as bytes)."""
     pieces: list[bytes] = []
@@ -155,7 +167,7 @@ def _join_with_lengths(parts: list[bytes], lens: list[int]) -> bytes:
 
 
 def _serialize_objects(items: list[Any]) -> tuple[bytes | bytearray, _Lengths]:
-    """More than :data:`_FEW_ELEMENTS` object items: the wire bytes and the element lengths."""
+    """More than :data:`_FEW_OBJECTS` object items: the wire bytes and the element lengths."""
     parts = _object_parts(items)
     n = len(parts)
     lens = np.fromiter(map(len, parts), dtype=np.int64, count=n)
@@ -210,18 +222,24 @@ def _serialize(
 ) -> tuple[bytes | bytearray | npt.NDArray[np.uint8], _Lengths | None]:
     """The wire bytes of ``array``, and the element lengths when there are more than a few."""
     kind = array.dtype.type
-    if kind is _OBJECT_TYPE or kind is _BYTES_TYPE:
-        n = array.size
-        if n <= _FEW_ELEMENTS:
-            # ravel() reads any layout in C order; tolist() gives S items as numpy's bytes
-            # (trailing NULs dropped), exactly what the vectorised path below writes.
-            return (_join_few(array.ravel().tolist()) if n else _empty()), None
-        if kind is _OBJECT_TYPE:
-            return _serialize_objects(array.ravel().tolist())
-        return _serialize_fixed(np.ascontiguousarray(array).reshape(-1))
-    raise TritonModelException(
-        f"BYTES tensors are built from object or bytes (S) arrays, not dtype {array.dtype}"
-    )
+    if kind is _OBJECT_TYPE:
+        few = _FEW_OBJECTS
+    elif kind is _BYTES_TYPE:
+        few = _FEW_FIXED
+    else:
+        raise TritonModelException(
+            f"BYTES tensors are built from object or bytes (S) arrays, not dtype {array.dtype}"
+        )
+    n = array.size
+    if n <= few:
+        # item() / ravel().tolist() read any layout in C order and give S items as numpy's
+        # bytes (trailing NULs dropped), exactly what the vectorised paths write.
+        if n == 1:
+            return _join_one(array.item()), None
+        return (_join_few(array.ravel().tolist()) if n else _empty()), None
+    if kind is _OBJECT_TYPE:
+        return _serialize_objects(array.ravel().tolist())
+    return _serialize_fixed(np.ascontiguousarray(array).reshape(-1))
 
 
 def _empty() -> npt.NDArray[np.uint8]:
@@ -285,13 +303,20 @@ def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] |
         TritonModelException: for an element longer than 4 GiB - 1 (upstream: ``struct.error``).
         UnicodeEncodeError: for a ``str`` element that is not encodable, as upstream.
     """
+    kind = input_tensor.dtype.type
+    if kind is _OBJECT_TYPE and type(input_tensor) is _ndarray:
+        # Object arrays are read as a list on every path: the count comes with it.
+        items = input_tensor.ravel().tolist()
+        if len(items) <= _FEW_OBJECTS:
+            return _join_few(items) if items else ()
+        out: bytes | bytearray | npt.NDArray[np.uint8] = _serialize_objects(items)[0]
+        return out if type(out) is bytes else bytes(out)
     n = input_tensor.size
     if n == 0:
         return ()
-    kind = input_tensor.dtype.type
     if kind is not _OBJECT_TYPE and kind is not _BYTES_TYPE:
         return None
-    if n <= _FEW_ELEMENTS and type(input_tensor) is _ndarray:
+    if n <= _FEW_FIXED and type(input_tensor) is _ndarray:
         return _join_few(input_tensor.ravel().tolist())
     out = _serialize(np.asarray(input_tensor))[0]
     if type(out) is bytes:
@@ -317,17 +342,19 @@ def _split_few(data: bytes, end: int) -> list[bytes]:
     Same reads as :func:`_split`, but the loop ends on a bounds test, not on an exception (which
     costs more than a few elements).
     """
-    out: list[bytes] = []
     if not end:
-        return out
-    append = out.append
-    pairs = _PAIRS
+        return []
     try:
         length: int = _U32.unpack_from(data, 0)[0]
     except struct.error:
         raise TritonModelException(_INCOMPLETE) from None
     off = 4  # where the current element's bytes start
     stop = 4 + length  # and end
+    if stop == end:  # one element: a tensor of one string is common
+        return [data[4:]]
+    out: list[bytes] = []
+    append = out.append
+    pairs = _PAIRS
     while stop + 4 <= end:  # another length field follows this element
         try:
             item, length = pairs[length](data, off)
@@ -509,4 +536,7 @@ def deserialize_bytes_tensor(encoded_tensor: Buffer | npt.NDArray[Any]) -> npt.N
             elements instead).
         TypeError: if ``encoded_tensor`` does not support the buffer protocol.
     """
+    if type(encoded_tensor) is bytes and len(encoded_tensor) <= _SMALL_WIRE:
+        items = _split_few(encoded_tensor, len(encoded_tensor))  # deserialize()'s first path
+        return _fromiter(items, _OBJECT, len(items))
     return deserialize(encoded_tensor)

@@ -120,9 +120,13 @@ EDGE_CASES: dict[str, np.ndarray[Any, Any]] = {
     "object-bytes-subclass": objects(BytesSubclass(b"sub"), b"plain"),
     "object-long-elements": objects(b"x" * 300, b"y" * 70000, b"z"),
     "object-long-then-coerced": objects(b"a", b"x" * 1024, "é", 3, b"y" * 1023),
-    "object-65-elements": objects(*(bytes([i]) * (i % 3) for i in range(65))),
-    "S-64-elements": np.array([bytes([97 + i % 26]) * (i % 4) for i in range(64)], dtype="S3"),
-    "S-65-elements": np.array([bytes([97 + i % 26]) * (i % 4) for i in range(65)], dtype="S3"),
+    "object-1024-elements": objects(*(bytes([i % 256]) * (i % 3) for i in range(1024))),
+    "object-1025-elements": objects(*(bytes([i % 256]) * (i % 3) for i in range(1025))),
+    "object-1025-str": objects(*(str(i) for i in range(1025))),
+    "S-128-elements": np.array([bytes([97 + i % 26]) * (i % 4) for i in range(128)], dtype="S3"),
+    "S-129-elements": np.array([bytes([97 + i % 26]) * (i % 4) for i in range(129)], dtype="S3"),
+    "S-1-trailing-nul": np.array([b"ab\x00"], dtype="S3"),
+    "object-1-str": objects("é"),
     "object-large-mean": objects(*(bytes([i]) * (1000 + i) for i in range(8))),
     "object-many-large": objects(*(bytes([i]) * (600 + 7 * i) for i in range(80))),
     "object-many-small": objects(*(bytes([i]) * (i % 7) for i in range(80))),
@@ -263,7 +267,7 @@ def test_length_field_range_is_structs() -> None:
     assert bytes_codec._U32.pack((1 << 32) - 1) == b"\xff\xff\xff\xff"
 
 
-@pytest.mark.parametrize("count", [1, 3, 64, 65, 100])
+@pytest.mark.parametrize("count", [1, 3, 1024, 1025])
 def test_element_too_long_for_the_length_field(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
     # Stands in for a 4 GiB element: the checks are the same, the memory is not needed.
     monkeypatch.setattr(bytes_codec, "_MAX_ELEMENT", 10)
@@ -569,11 +573,11 @@ def test_length_index_layout() -> None:
 @pytest.mark.parametrize(
     "array",
     [
-        objects(*(bytes([i % 256]) * (i % 9) for i in range(65))),
-        objects(*(str(i) for i in range(100))),
-        objects(*(b"x" * 600 for _ in range(70))),  # large mean: joined with pack
-        np.array([b"a\x00", b"bcd"] * 40, dtype="S4"),
-        np.array([b"abcd"] * 80, dtype="S4"),  # no trailing NULs anywhere
+        objects(*(bytes([i % 256]) * (i % 9) for i in range(1025))),
+        objects(*(str(i) for i in range(1100))),
+        objects(*(b"x" * 600 for _ in range(1030))),  # large mean: joined with pack
+        np.array([b"a\x00", b"bcd"] * 520, dtype="S4"),
+        np.array([b"abcd"] * 1040, dtype="S4").reshape(20, 52),  # no trailing NULs anywhere
     ],
 )
 def test_serialize_with_lengths(array: np.ndarray[Any, Any]) -> None:
@@ -584,10 +588,11 @@ def test_serialize_with_lengths(array: np.ndarray[Any, Any]) -> None:
     assert lengths.tolist() == [len(item) for item in reference_deserialize(out.tobytes())]
 
 
-@pytest.mark.parametrize("count", [0, 1, 6, 64])
-def test_few_elements_have_no_lengths(count: int) -> None:
-    assert bytes_codec.INDEX_MIN_ELEMENTS == 64
-    array = objects(*([b"ab"] * count))
+@pytest.mark.parametrize("count", [0, 1, 6, 64, 200, 1024])
+@pytest.mark.parametrize("dtype", [object, "S2"])
+def test_few_elements_have_no_lengths(count: int, dtype: Any) -> None:
+    assert bytes_codec.INDEX_MIN_ELEMENTS == 1024
+    array = np.array([b"ab"] * count, dtype=dtype)
     out, lengths = bytes_codec.serialize_with_lengths(array)
     assert out.tobytes() == (reference_serialize(array) if count else b"")
     assert lengths is None
@@ -696,31 +701,48 @@ def test_index_never_gives_wrong_data(
     data = bytearray(wire(*items))
     index = bytearray(index_of(items))
     target = data if damage_data else index
-    for at, junk in patch:
-        at %= len(target)
+    for offset, junk in patch:
+        at = offset % len(target)
         target[at : at + len(junk)] = junk
     try:
         expected: list[bytes] | None = reference_deserialize(bytes(data))
     except TritonModelException:
         expected = None
+    message = ""
     try:
         got: list[bytes] | None = deserialize(bytes(data), index=bytes(index)).tolist()
     except TritonModelException as exc:
-        assert str(exc).startswith("Invalid bytes tensor data: ")
+        message = str(exc)
         got = None
+    if got is None:
+        assert message.startswith("Invalid bytes tensor data: ")
     if got is not None:
         assert got == expected
     if not patch:
         assert got == items
 
 
-@settings(max_examples=200, deadline=None, database=None)
-@given(items=st.lists(ELEMENT, min_size=65, max_size=200))
-def test_serialise_index_deserialise_round_trip(items: list[bytes]) -> None:
-    array = objects(*items)
+@settings(max_examples=300, deadline=None, database=None)
+@given(items=st.lists(ELEMENT, max_size=120))
+def test_length_index_round_trip(items: list[bytes]) -> None:
+    index = bytes_codec.length_index(np.array([len(item) for item in items], dtype=np.int64))
+    assert index == index_of(items)
+    data = wire(*items)
+    assert_bytes_array(deserialize(data, len(items), index=index), items)
+    assert_bytes_array(deserialize(np.frombuffer(data, np.uint8), index=index), items)
+
+
+@settings(max_examples=25, deadline=None, database=None)
+@given(
+    items=st.lists(st.binary(max_size=40), min_size=1025, max_size=1100),
+    fixed=st.booleans(),
+)
+def test_serialise_index_deserialise_round_trip(items: list[bytes], fixed: bool) -> None:
+    array = np.array(items, dtype="S40") if fixed else objects(*items)
+    expected = [item.rstrip(b"\x00") for item in items] if fixed else items
     out, lengths = bytes_codec.serialize_with_lengths(array)
     assert lengths is not None
     assert out.tobytes() == reference_serialize(array)
     index = bytes_codec.length_index(lengths)
-    assert index == index_of(items)
-    assert_bytes_array(deserialize(out, len(items), index=index), items)
+    assert index == index_of(expected)
+    assert_bytes_array(deserialize(out, len(items), index=index), expected)
