@@ -271,12 +271,18 @@ def serialize_with_lengths(
     :data:`INDEX_MIN_ELEMENTS` elements, where a stored :func:`length_index` makes loads cheaper;
     ``None`` for fewer. Same errors as :func:`serialize`.
     """
-    out, lens = _serialize(array if type(array) is _ndarray else np.asarray(array))
-    if type(out) is not _ndarray:
-        out = _frombuffer(out, _U8)
-    if lens is not None and lens.size <= INDEX_MIN_ELEMENTS:
-        lens = None
-    return out, lens
+    lens: _Lengths | None
+    if type(array) is _ndarray and array.dtype.type is _OBJECT_TYPE:
+        # The common input (a Tensor's object array), with the fewest steps.
+        items = array.ravel().tolist()
+        if len(items) <= _FEW_OBJECTS:
+            return (_frombuffer(_join_few(items), _U8) if items else _empty()), None
+        joined, found = _serialize_objects(items)
+        out, lens = _frombuffer(joined, _U8), found
+    else:
+        wire, lens = _serialize(np.asarray(array))
+        out = wire if type(wire) is _ndarray else _frombuffer(wire, _U8)
+    return out, (lens if lens is not None and lens.size > INDEX_MIN_ELEMENTS else None)
 
 
 def length_index(lengths: npt.NDArray[np.integer[Any]]) -> bytes:
