@@ -27,6 +27,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import importlib
 import itertools
 import multiprocessing.util as mp_util
 import os
@@ -96,13 +97,23 @@ class _Held(np.ndarray[Any, np.dtype[np.uint8]]):
     _claimed: bool  # ... and that load returned: dying gives the message back unless so
 
     def __del__(self) -> None:
-        # Never raise from a finaliser (a corrupted header is reported by the next explicit
-        # operation), and look up no module global: this may run during interpreter shutdown.
-        try:
-            if self._token:
-                self._pool._owner_died(self._token, self._message and not self._claimed)
-        except Exception:
-            pass
+        # Never raise an error from a finaliser (a corrupted header is reported by the next
+        # explicit operation), and look up no module global: this may run during interpreter
+        # shutdown. An asynchronous exception (a signal handler raising) can land anywhere in
+        # here, even before the first line of _owner_died runs: the give-back is retried until
+        # it has happened (it is exact under the lock), then the exception goes on.
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                if self._token:
+                    self._pool._owner_died(self._token, self._message and not self._claimed)
+                break
+            except Exception:
+                break
+            except BaseException as exc:  # KeyboardInterrupt and friends: retry, then raise
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
 
     def __repr__(self) -> str:
         try:
@@ -115,6 +126,8 @@ class _Held(np.ndarray[Any, np.dtype[np.uint8]]):
 
 _live_pools: weakref.WeakSet[SharedMemoryPool] = weakref.WeakSet()
 _tokens = itertools.count(1)
+_weakref: Final = weakref.ref
+_SWEEP_EVERY: Final = 1023  # look for views that died without giving back every 1024 holds
 _T = TypeVar("_T")
 _P = TypeVar("_P")
 
@@ -162,7 +175,10 @@ class SharedMemoryPool:
         self._map_lock = threading.Lock()
         self._holder = 0
         self._pending: list[tuple[int, bool]] = []  # (token, restore) given back later
-        self._owners: dict[int, int] = {}  # token -> handle, for references held by views
+        # token -> (handle, holder): the references held by views. The weak reference lets
+        # _sweep_locked give back what a holder's finaliser could not (an asynchronous
+        # exception can stop a finaliser before its first line).
+        self._owners: dict[int, tuple[int, weakref.ref[_Held]]] = {}
         self._lock_fd = -1
         self._map = Mapping(_map_fd, _size, _populate, 0)
         # A second open file description used only for flock: mmap objects dup the mapping fd
@@ -172,6 +188,10 @@ class SharedMemoryPool:
         self._closed = False
         self._released = False
         _live_pools.add(self)
+        # Import the Tensor glue now rather than at the first save: a fork while another
+        # thread is inside that first import leaves the child waiting forever on the module's
+        # import lock (CPython does not reset module locks in the child).
+        importlib.import_module("pb_tensor.shm._tensors")
         # multiprocessing's fork children leave through os._exit, which skips atexit, and
         # clear the finalizers they inherit; this re-registers ours in each such child.
         mp_util.register_after_fork(self, _register_mp_exit)
@@ -313,7 +333,7 @@ class SharedMemoryPool:
         if self._released:
             return
         owners, self._owners = self._owners, {}
-        for handle in owners.values():
+        for handle, _ in owners.values():
             with contextlib.suppress(TritonModelException):
                 self._op(self._drop_locked, handle, None, False, 0)
         self.close()
@@ -493,8 +513,14 @@ class SharedMemoryPool:
                 pool is unchanged then.
         """
         cell = [0]
-        self._allocate(nbytes, heap.RAW, 1, 0, cell, None)
-        return cell[0]
+        try:
+            self._allocate(nbytes, heap.RAW, 1, 0, cell, None)
+            handle = cell[0]
+            cell[0] = 0  # handed over: nothing that can raise until the return
+            return handle
+        finally:
+            if cell[0]:
+                self._op(self._drop_locked, cell[0], None, False, 0)
 
     def _allocate(
         self,
@@ -535,6 +561,8 @@ class SharedMemoryPool:
         view: tuple[int, int] | None,
         token: int,
     ) -> tuple[Mapping, _Held | None]:
+        if not token & _SWEEP_EVERY:
+            self._sweep_locked(m)  # first: it may free blocks
         need = heap.block_size(nbytes)
         heap.check_heap(m.mm, m.size, self._name)
         off = heap.find_fit(m.mm, need, m.size, self._name)
@@ -550,12 +578,13 @@ class SharedMemoryPool:
             holder._message = False
             holder._claimed = True
             holder._token = 0
+        alive = _weakref(holder) if holder is not None else None
         try:
             heap.allocate_block(
                 m.mm, off, need, nbytes, state, m.size, self._name, refcount, pending
             )
-            if holder is not None:
-                self._owners[token] = handle
+            if holder is not None and alive is not None:
+                self._owners[token] = (handle, alive)
                 holder._token = token
             cell[0] = handle
         except BaseException:
@@ -681,9 +710,10 @@ class SharedMemoryPool:
             )
         else:
             new = (refcount + 1, pending)
+        alive = _weakref(holder)
         try:
             heap.REF.pack_into(m.mm, handle, *new)
-            self._owners[token] = handle
+            self._owners[token] = (handle, alive)
             holder._token = token
         except BaseException:
             if not holder._token and heap.REF.unpack_from(m.mm, handle) == new:
@@ -720,9 +750,10 @@ class SharedMemoryPool:
     def _give_back_locked(self, m: Mapping, token: int, restore: bool) -> None:
         """Give back the reference held under ``token`` (lock held): dropped, or with
         ``restore`` turned back into a pending message (a load that did not complete)."""
-        handle = self._owners.get(token)
-        if handle is None:
+        entry = self._owners.get(token)
+        if entry is None:
             return
+        handle = entry[0]
         try:
             if not restore:
                 self._drop_locked(m, handle, None, False, token)
@@ -882,6 +913,8 @@ class SharedMemoryPool:
         parse: Callable[[Mapping, int, int], tuple[_P, int, int]],
         token: int,
     ) -> tuple[_P, _Held]:
+        if not token & _SWEEP_EVERY:
+            self._sweep_locked(m)
         _, nbytes, refcount, pending = self._check_block(m, handle, want)
         result, offset, length = parse(m, handle, nbytes)
         holder = _ndnew(_Held, (length,), _U8, m.mv, handle + heap.PREFIX + offset)
@@ -892,6 +925,13 @@ class SharedMemoryPool:
         holder._token = 0
         self._take(m, handle, holder, token, message, refcount, pending)
         return result, holder
+
+    def _sweep_locked(self, m: Mapping) -> None:
+        """Give back the references of views that died without doing it (lock held)."""
+        dead = [token for token, (_, alive) in self._owners.items() if alive() is None]
+        for token in dead:
+            with contextlib.suppress(TritonModelException):
+                self._give_back_locked(m, token, False)
 
     def _owner_died(self, token: int, restore: bool) -> None:
         if self._released or token not in self._owners:
@@ -921,6 +961,7 @@ class SharedMemoryPool:
         return self._call(self._stats_locked)
 
     def _stats_locked(self, m: Mapping) -> PoolStats:
+        self._sweep_locked(m)
         heap.check_heap(m.mm, m.size, self._name)
         return heap.walk(m.mm, m.size, self._name, repair=False)
 

@@ -17,6 +17,7 @@ descriptor of an unrelated process that reused the pid).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import mmap
 import os
@@ -353,7 +354,8 @@ class Mapping:
         # A uint8 array over the whole mapping: a buffer export that keeps the mmap open while
         # any view references this object, and the base address for owned views.
         self.base: npt.NDArray[np.uint8] = np.frombuffer(self.mm, dtype=np.uint8)
-        self.addr: int = int(self.base.__array_interface__["data"][0])
+        # (Not base.__array_interface__: numpy crashes building it when an allocation fails.)
+        self.addr: int = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
         # The buffer owned views are built on: a memoryview is not an ndarray, so numpy stops
         # collapsing a view's base chain at the owner built on it (see _pool._Held).
         self.mv = memoryview(self.mm)
