@@ -126,16 +126,17 @@ def _join_one(item: object) -> bytes:
 
 def _join_few(items: list[Any]) -> bytes:
     """Plain-loop serialisation of a few elements (object items, or ``S`` items as bytes)."""
+    # The loops here call ``list.append`` as a method: CPython 3.11+ specialises that call,
+    # not a call of a bound ``append`` kept in a local (measured ~15% slower per element).
     pieces: list[bytes] = []
-    append = pieces.append
     heads = _HEADS
     rest = iter(items)
     part = b""
     try:
         for item in rest:
             part = item if type(item) is bytes else _encode(item)
-            append(heads[len(part)])
-            append(part)
+            pieces.append(heads[len(part)])
+            pieces.append(part)
     except IndexError:
         # ``part`` is _HEAD_CAP bytes or longer (its bytes dwarf the cost of this exception).
         return _join_packed(pieces, part, rest)
@@ -144,15 +145,14 @@ def _join_few(items: list[Any]) -> bytes:
 
 def _join_packed(pieces: list[bytes], part: bytes, rest: Iterator[Any]) -> bytes:
     """:func:`_join_few` from ``part`` on, with a ``pack`` call per length field."""
-    append = pieces.append
     pack = _U32.pack
     try:
-        append(pack(len(part)))
-        append(part)
+        pieces.append(pack(len(part)))
+        pieces.append(part)
         for item in rest:
             part = item if type(item) is bytes else _encode(item)
-            append(pack(len(part)))
-            append(part)
+            pieces.append(pack(len(part)))
+            pieces.append(part)
     except struct.error:
         # Only ``pack`` raises it, for the element ``part`` that does not fit.
         raise _too_long(len(part)) from None
@@ -359,19 +359,18 @@ def _split_few(data: bytes, end: int) -> list[bytes]:
     if stop == end:  # one element: a tensor of one string is common
         return [data[4:]]
     out: list[bytes] = []
-    append = out.append
     pairs = _PAIRS
     while stop + 4 <= end:  # another length field follows this element
         try:
             item, length = pairs[length](data, off)
         except KeyError:  # the first element of this length; lengths here are < _PAIR_CAP
             item, length = _pair(length)(data, off)
-        append(item)
+        out.append(item)
         off = stop + 4
         stop = off + length
     if stop > end:
         raise TritonModelException(_BEYOND)
-    append(data[off:stop])
+    out.append(data[off:stop])
     if stop < end:
         raise TritonModelException(_INCOMPLETE)
     return out
@@ -385,7 +384,6 @@ def _split(data: Buffer, end: int) -> list[bytes]:
     next length field (faster than unpack + slice, and than numpy pointer-jumping here).
     """
     out: list[bytes] = []
-    append = out.append
     pairs = _PAIRS
     unpack = _U32.unpack_from
     try:
@@ -397,7 +395,7 @@ def _split(data: Buffer, end: int) -> list[bytes]:
         try:
             while True:
                 item, following = pairs[length](data, off)
-                append(item)
+                out.append(item)
                 off += length + 4
                 length = following
         except KeyError:
@@ -410,7 +408,7 @@ def _split(data: Buffer, end: int) -> list[bytes]:
                 stop = off + length
                 if stop + 4 > end:
                     break
-                append(bytes(memoryview(data)[off:stop]))
+                out.append(bytes(memoryview(data)[off:stop]))
                 length = unpack(data, stop)[0]
                 off = stop + 4
             else:
@@ -421,7 +419,7 @@ def _split(data: Buffer, end: int) -> list[bytes]:
         break
     if stop > end:
         raise TritonModelException(_BEYOND)
-    append(bytes(memoryview(data)[off:stop]))
+    out.append(bytes(memoryview(data)[off:stop]))
     if stop < end:
         raise TritonModelException(_INCOMPLETE)
     return out
