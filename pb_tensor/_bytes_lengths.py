@@ -30,12 +30,17 @@ from pb_tensor.errors import TritonModelException
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["INDEX_HEAD_SIZE", "INDEX_MAGIC", "MIN_ELEMENTS", "length_index", "read_index",
-           "split_known"]
+__all__ = [
+    "INDEX_MAGIC",
+    "MIN_ELEMENTS",
+    "is_index",
+    "length_index",
+    "read_index",
+    "split_known",
+]
 
 INDEX_MAGIC: Final = b"pbtLENS1"
 _HEAD: Final = struct.Struct("<8sQQ")  # magic, element count, wire size
-INDEX_HEAD_SIZE: Final = _HEAD.size
 MIN_ELEMENTS: Final = 1024
 """Tensors of more elements than this get an index: below it, walking costs about as much as
 reading and checking one (and serialisation finds the lengths for free only above it)."""
@@ -59,6 +64,12 @@ def length_index(lengths: npt.NDArray[np.integer[Any]]) -> bytes:
     n = int(lens.size)
     wire = int(lens.sum()) + 4 * n
     return _HEAD.pack(INDEX_MAGIC, n, wire) + lens.astype("<u4").tobytes()
+
+
+def is_index(index: Buffer) -> bool:
+    """Whether ``index`` starts like a length index (it may still not match its data)."""
+    view = memoryview(index).cast("B")
+    return view.nbytes >= _HEAD.size and view[:8].tobytes() == INDEX_MAGIC
 
 
 def read_index(

@@ -5,8 +5,14 @@ many raw bytes; no padding, no terminator, no element count.
 
 Public, ``triton_python_backend_utils``-compatible: :func:`serialize_byte_tensor`,
 :func:`deserialize_bytes_tensor`. Fast internals for the ``Tensor``: :func:`serialize` (returns a
-``uint8`` array) and :func:`deserialize` (reads any buffer, e.g. a view of shared memory, and
-checks the element count).
+``uint8`` array), :func:`serialize_with_lengths` (also the element lengths) and
+:func:`deserialize` (reads any buffer, e.g. a view of shared memory, and checks the element
+count). :func:`length_index` packs element lengths to store beside the wire bytes; given back to
+:func:`deserialize`, they are checked and spare the walk along the chained length fields
+(the layout and checks are in :mod:`pb_tensor._bytes_lengths`).
+
+Few elements take plain loops (no numpy call, no exception ending a loop): at every size the
+codec is at least as fast as a per-element Python loop.
 
 Deliberate differences from upstream (the README's "Differences from Triton" table):
 
@@ -20,7 +26,7 @@ Deliberate differences from upstream (the README's "Differences from Triton" tab
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -130,22 +136,27 @@ def _join_few(items: list[Any]) -> bytes:
     # not a call of a bound ``append`` kept in a local (measured ~15% slower per element).
     pieces: list[bytes] = []
     heads = _HEADS
-    rest = iter(items)
     part = b""
     try:
-        for item in rest:
+        for item in items:
             part = item if type(item) is bytes else _encode(item)
             pieces.append(heads[len(part)])
             pieces.append(part)
     except IndexError:
-        # ``part`` is _HEAD_CAP bytes or longer (its bytes dwarf the cost of this exception).
-        return _join_packed(pieces, part, rest)
+        if len(part) < _HEAD_CAP:
+            raise  # from an element's __str__ (``part`` is still the previous element)
+        return _join_packed(pieces, part, items)
     return b"".join(pieces)
 
 
-def _join_packed(pieces: list[bytes], part: bytes, rest: Iterator[Any]) -> bytes:
-    """:func:`_join_few` from ``part`` on, with a ``pack`` call per length field."""
+def _join_packed(pieces: list[bytes], part: bytes, items: list[Any]) -> bytes:
+    """:func:`_join_few` after its table of length fields ran out: an element of
+    :data:`_HEAD_CAP` bytes or more, ``part``, whose bytes dwarf the cost of getting here.
+
+    ``pieces`` holds the elements before it; the rest go with a ``pack`` call per length field.
+    """
     pack = _U32.pack
+    rest = items[len(pieces) // 2 + 1 :]
     try:
         pieces.append(pack(len(part)))
         pieces.append(part)
@@ -154,7 +165,8 @@ def _join_packed(pieces: list[bytes], part: bytes, rest: Iterator[Any]) -> bytes
             pieces.append(pack(len(part)))
             pieces.append(part)
     except struct.error:
-        # Only ``pack`` raises it, for the element ``part`` that does not fit.
+        if len(part) <= _MAX_ELEMENT:
+            raise  # from an element's __str__ (``part`` is still the previous element)
         raise _too_long(len(part)) from None
     return b"".join(pieces)
 
@@ -276,6 +288,8 @@ def serialize_with_lengths(
         # The common input (a Tensor's object array), with the fewest steps.
         items = array.ravel().tolist()
         if len(items) <= _FEW_OBJECTS:
+            if len(items) == 1:
+                return _frombuffer(_join_one(items[0]), _U8), None
             return (_frombuffer(_join_few(items), _U8) if items else _empty()), None
         joined, found = _serialize_objects(items)
         out, lens = _frombuffer(joined, _U8), found
@@ -309,14 +323,33 @@ def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] |
         TritonModelException: for an element longer than 4 GiB - 1 (upstream: ``struct.error``).
         UnicodeEncodeError: for a ``str`` element that is not encodable, as upstream.
     """
-    kind = input_tensor.dtype.type
-    if kind is _OBJECT_TYPE and type(input_tensor) is _ndarray:
-        # Object arrays are read as a list on every path: the count comes with it.
+    if input_tensor.dtype is _OBJECT and type(input_tensor) is _ndarray:
+        # The common input, in the fewest steps (the loops of _join_one and _join_few inlined:
+        # with a few elements, a call is a measurable share). Object arrays are read as a list on
+        # every path, and the count comes with it.
         items = input_tensor.ravel().tolist()
-        if len(items) <= _FEW_OBJECTS:
-            return _join_few(items) if items else ()
-        out: bytes | bytearray | npt.NDArray[np.uint8] = _serialize_objects(items)[0]
-        return out if type(out) is bytes else bytes(out)
+        if len(items) > _FEW_OBJECTS:
+            out: bytes | bytearray | npt.NDArray[np.uint8] = _serialize_objects(items)[0]
+            return out if type(out) is bytes else bytes(out)
+        if len(items) == 1:
+            part = items[0] if type(items[0]) is bytes else _encode(items[0])
+            return _HEADS[len(part)] + part if len(part) < _HEAD_CAP else _join_one(part)
+        if not items:
+            return ()
+        pieces: list[bytes] = []
+        heads = _HEADS
+        part = b""
+        try:
+            for item in items:
+                part = item if type(item) is bytes else _encode(item)
+                pieces.append(heads[len(part)])
+                pieces.append(part)
+        except IndexError:
+            if len(part) < _HEAD_CAP:
+                raise  # from an element's __str__ (``part`` is still the previous element)
+            return _join_packed(pieces, part, items)
+        return b"".join(pieces)
+    kind = input_tensor.dtype.type
     n = input_tensor.size
     if n == 0:
         return ()
@@ -502,6 +535,8 @@ def deserialize(
 def _deserialize_indexed(
     buf: Buffer | npt.NDArray[Any], count: int | None, index: Buffer
 ) -> npt.NDArray[np.object_] | None:
+    if not _bytes_lengths.is_index(index):
+        return None
     # One copy into a bytes object: struct reads it fastest, and the checks and the cutting see
     # the same bytes even if shared memory changes meanwhile.
     data = buf if type(buf) is bytes else _byte_view(buf).tobytes()

@@ -273,6 +273,7 @@ def test_element_too_long_for_the_length_field(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(bytes_codec, "_MAX_ELEMENT", 10)
     monkeypatch.setattr(bytes_codec, "_U32", NarrowLengths("<I"))
     monkeypatch.setattr(bytes_codec, "_HEADS", [])
+    monkeypatch.setattr(bytes_codec, "_HEAD_CAP", 0)
     array = objects(*([b"x"] * (count - 1)), b"y" * 11)
     with pytest.raises(TritonModelException) as info:
         serialize(array)
@@ -280,6 +281,28 @@ def test_element_too_long_for_the_length_field(monkeypatch: pytest.MonkeyPatch, 
     with pytest.raises(TritonModelException) as info:
         serialize_byte_tensor(array)
     assert str(info.value) == "BYTES element of 11 bytes does not fit the 32-bit length field"
+
+
+class StrRaises:
+    """An element whose ``str()`` fails, as upstream's ``str(x)`` would propagate it."""
+
+    def __init__(self, exc: type[Exception]) -> None:
+        self.exc = exc
+
+    def __str__(self) -> str:
+        raise self.exc("no text")
+
+
+@pytest.mark.parametrize("exc", [IndexError, ValueError, struct.error])
+@pytest.mark.parametrize("before", [[], [b"short"], [b"x" * 2000]], ids=["first", "after-short",
+                                                                        "after-long"])
+@pytest.mark.parametrize("count", [1, 3, 1100])
+def test_element_str_errors_propagate(exc: type[Exception], before: list[bytes],
+                                      count: int) -> None:
+    array = objects(*before, StrRaises(exc), *([b"tail"] * count))
+    for call in (serialize, serialize_byte_tensor, bytes_codec.serialize_with_lengths):
+        with pytest.raises(exc, match="no text"):
+            call(array)
 
 
 def test_serialize_does_not_change_input() -> None:
