@@ -96,6 +96,8 @@ MAX_DIMS: Final = 255
 _SMALL: Final = 1 << 16
 _ndview: Final = np.ndarray.view
 
+_U64 = struct.Struct("=Q")
+_tail_structs: dict[tuple[int, int], struct.Struct] = {}
 _dims_structs: dict[int, struct.Struct] = {}
 _header_structs: dict[tuple[int, int], struct.Struct] = {}
 _STRUCT_CACHE_MAX: Final = 1024
@@ -107,6 +109,18 @@ def _dims_struct(ndim: int) -> struct.Struct:
         s = struct.Struct(f"={ndim}q")
         if len(_dims_structs) < _STRUCT_CACHE_MAX:
             _dims_structs[ndim] = s
+    return s
+
+
+def _tail_struct(ndim: int, name_len: int) -> struct.Struct:
+    """dims + StringShm + name + MemoryShm: what follows TensorShm, read in one call."""
+    key = (ndim, name_len)
+    s = _tail_structs.get(key)
+    if s is None:
+        s = struct.Struct(f"={ndim}qqQ{name_len}sQ?7xQi4xqQQ")
+        if len(_tail_structs) >= _STRUCT_CACHE_MAX:
+            _tail_structs.clear()
+        _tail_structs[key] = s
     return s
 
 
@@ -497,7 +511,8 @@ _Fields = tuple[str, int, tuple[int, ...], int, int, int, int, int]
 
 def _parse(m: Mapping, handle: int, nbytes: int) -> tuple[_Fields, int, int]:
     """Check and decode the record at ``handle``: the fields, and the payload's offset from
-    the record start and length."""
+    the record start and length. Three struct reads: TensorShm, the name length, then dims,
+    name and MemoryShm at once."""
     mm = m.mm
     start = handle + PREFIX
     # The block header was checked: [start, start + nbytes) lies inside the mapping.
@@ -512,25 +527,20 @@ def _parse(m: Mapping, handle: int, nbytes: int) -> tuple[_Fields, int, int]:
         raise _corrupt(
             handle, "dims_count", f"{ndim} is over {MAX_DIMS} or does not fit in {nbytes} bytes"
         )
-    pos = start + _TENSOR_SHM.size
-    dims: tuple[int, ...] = _dims_struct(ndim).unpack_from(mm, pos) if ndim else ()
+    name_len = _U64.unpack_from(mm, start + _TENSOR_SHM.size + 8 * ndim + 8)[0]
+    if name_len > nbytes - _FIXED - 8 * ndim:
+        raise _corrupt(handle, "name length", f"{name_len} does not fit in {nbytes} bytes")
+    fields = _tail_struct(ndim, name_len).unpack_from(mm, start + _TENSOR_SHM.size)
+    dims: tuple[int, ...] = fields[:ndim]
     if ndim and min(dims) < 0:
         raise _corrupt(handle, "dims", f"{list(dims)} has a negative dimension")
     if not _dims_fit(dims):
         raise _corrupt(handle, "dims", f"{list(dims)} describe more elements than an array holds")
-    pos += 8 * ndim
-    name_len = _STRING_SHM.unpack_from(mm, pos)[1]
-    pos += _STRING_SHM.size
-    if name_len > start + nbytes - pos - _MEMORY_SHM.size:
-        raise _corrupt(handle, "name length", f"{name_len} does not fit in {nbytes} bytes")
     try:
-        name = mm[pos : pos + name_len].decode("utf-8")
+        name = fields[ndim + 2].decode("utf-8")
     except UnicodeDecodeError:
         raise _corrupt(handle, "name", "is not valid UTF-8") from None
-    pos += name_len
-    gpu_offset, _, _, memory_type, memory_type_id, byte_size, release_id = _MEMORY_SHM.unpack_from(
-        mm, pos
-    )
+    gpu_offset, _, _, memory_type, memory_type_id, byte_size, release_id = fields[ndim + 3 :]
     if not MEMORY_CPU <= memory_type <= MEMORY_GPU:
         raise _corrupt(handle, "memory_type", f"{memory_type} is not 0, 1 or 2")
     if memory_type_id < 0:

@@ -106,7 +106,9 @@ class _Held(np.ndarray[Any, np.dtype[np.uint8]]):
         while True:
             try:
                 if self._token:
-                    self._pool._owner_died(self._token, self._message and not self._claimed)
+                    self._pool._owner_died(
+                        self._token, self._message and not self._claimed, self.nbytes
+                    )
                 break
             except Exception:
                 break
@@ -127,7 +129,16 @@ class _Held(np.ndarray[Any, np.dtype[np.uint8]]):
 _live_pools: weakref.WeakSet[SharedMemoryPool] = weakref.WeakSet()
 _tokens = itertools.count(1)
 _weakref: Final = weakref.ref
+_get_ident: Final = threading.get_ident
+_flock: Final = fcntl.flock
+_LOCK_EX: Final = fcntl.LOCK_EX
+_LOCK_UN: Final = fcntl.LOCK_UN
+_u64_at: Final = heap.U64.unpack_from
 _SWEEP_EVERY: Final = 1023  # look for views that died without giving back every 1024 holds
+# Views up to this size give their reference back in this process's next lock cycle instead of
+# one of their own, up to this many at a time (a record stays allocated that much longer).
+_DEFER_BYTES: Final = 1 << 16
+_DEFER_COUNT: Final = 64
 _T = TypeVar("_T")
 _P = TypeVar("_P")
 
@@ -288,6 +299,9 @@ class SharedMemoryPool:
         """
         if self._closed:
             return
+        if self._pending:  # views that died since the last operation
+            with contextlib.suppress(TritonModelException):
+                self._op(_nothing)
         self._closed = True
         if self._creator:
             with contextlib.suppress(FileNotFoundError):
@@ -468,21 +482,24 @@ class SharedMemoryPool:
                     "signal handler or finaliser while this thread was inside another one"
                 )
             try:
-                self._holder = threading.get_ident()
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+                self._holder = _get_ident()
+                _flock(self._lock_fd, _LOCK_EX)
                 m = self._map
-                self._check_file(m)
+                if not self._sealed:
+                    self._check_file(m)
                 # Another thread or process may have grown the heap while we waited: its free
                 # lists can point past our mapping.
-                if heap.U64.unpack_from(m.mm, heap.OFF_TOTAL)[0] > m.size:
+                if _u64_at(m.mm, heap.OFF_TOTAL)[0] > m.size:
                     m = self._remap()
+                if self._pending:
+                    self._drain(m)
                 result = fn(m, *args)
                 if self._pending:
                     self._drain(m)
                 return result
             finally:
                 self._holder = 0
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                _flock(self._lock_fd, _LOCK_UN)
 
     def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """:meth:`_op` for public operations: refuses a closed pool first."""
@@ -901,8 +918,9 @@ class SharedMemoryPool:
         start. Nothing is taken when it raises. With ``message`` a pending message is taken
         over when there is one (see :meth:`_take`).
         """
-        token = next(_tokens)
-        return self._call(self._hold_locked, handle, want, message, parse, token)
+        if self._closed:
+            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
+        return self._op(self._hold_locked, handle, want, message, parse, next(_tokens))
 
     def _hold_locked(
         self,
@@ -933,12 +951,16 @@ class SharedMemoryPool:
             with contextlib.suppress(TritonModelException):
                 self._give_back_locked(m, token, False)
 
-    def _owner_died(self, token: int, restore: bool) -> None:
+    def _owner_died(self, token: int, restore: bool, nbytes: int) -> None:
         if self._released or token not in self._owners:
             return
-        if self._holder == threading.get_ident():
-            # Inside an operation of this thread (a GC pass or a signal handler): give the
-            # reference back when the operation ends.
+        if self._holder == _get_ident() or (
+            nbytes <= _DEFER_BYTES and len(self._pending) < _DEFER_COUNT and not self._closed
+        ):
+            # Inside an operation of this thread (a GC pass or a signal handler), or a small
+            # view: give the reference back under the next lock cycle of this process (each
+            # operation starts by draining these), not in a lock cycle of its own. Appending
+            # is one call: nothing can interrupt it half-way.
             self._pending.append((token, restore))
             return
         try:
@@ -964,6 +986,10 @@ class SharedMemoryPool:
         self._sweep_locked(m)
         heap.check_heap(m.mm, m.size, self._name)
         return heap.walk(m.mm, m.size, self._name, repair=False)
+
+
+def _nothing(m: Mapping) -> None:
+    return None
 
 
 def _whole(m: Mapping, handle: int, nbytes: int) -> tuple[None, int, int]:
