@@ -493,11 +493,15 @@ class Tensor:
                      None, imported, None)
 
     def save_to_shared_memory(self, pool: SharedMemoryPool) -> int:
-        """Copy the tensor into ``pool`` once and return its handle (idempotent, as upstream).
+        """Copy the tensor into ``pool`` once and return its handle (the same handle on every
+        call, as upstream).
 
-        Afterwards the tensor's data lives in the pool. A GPU tensor stays in device memory:
-        the record holds a CUDA IPC handle of its allocation and the pointer's offset in it,
-        which a loading process opens. The tensor keeps the record alive while it lives.
+        The handle is a *message*: the record stays valid until a
+        :meth:`load_from_shared_memory` takes it over or ``pool.release(handle)`` gives it
+        back, whatever happens to this tensor (a temporary is fine). Each call hands out one
+        more message on the same record (one copy). Afterwards the tensor's data lives in the
+        pool. A GPU tensor stays in device memory: the record holds a CUDA IPC handle of its
+        allocation and the pointer's offset in it, which a loading process opens.
 
         Raises:
             TritonModelException: the pool cannot grow enough, or GPU memory without CUDA
@@ -511,7 +515,10 @@ class Tensor:
     def load_from_shared_memory(pool: SharedMemoryPool, handle: int) -> Tensor:
         """A zero-copy view of a tensor saved in ``pool`` (by any process).
 
-        The loaded tensor, and everything exported from it, keep the allocation alive. A GPU
+        The load takes over the message of a save (see :meth:`save_to_shared_memory`); a
+        second load while the record is alive adds a reference, and a failed load leaves the
+        message pending. The loaded tensor, and everything exported from it, keep the
+        allocation alive. A GPU
         record's IPC handle is opened on its device (and closed when the last of them dies);
         in the process that saved it, the saving tensor's memory is reused instead, as CUDA
         cannot open a handle in the process that exported it.
