@@ -49,14 +49,15 @@ def _reps(nbytes: int, quick: bool) -> int:
 
 
 def _timed(fn: Callable[[], object], reps: int) -> float:
-    """Median wall time of ``fn`` in ns over ``reps`` calls (whatever ``fn`` returns is
-    dropped inside the timed call)."""
+    """Median wall time of ``fn`` in ns over ``reps`` calls (what ``fn`` returns is dropped
+    after the clock stops: a load is timed without the drop of what it loaded)."""
     samples = []
     clock = time.perf_counter_ns
     for _ in range(reps):
         start = clock()
-        fn()
+        result = fn()
         samples.append(clock() - start)
+        del result
     return statistics.median(samples)
 
 
@@ -88,19 +89,11 @@ def bench_local(pool: SharedMemoryPool, quick: bool) -> dict[str, dict[str, list
     results: dict[str, dict[str, list[float]]] = {}
     rng = np.random.default_rng(0)
     rounds = 3 if quick else 7
+    kept = {}
     for label, nbytes in SIZES.items():
         reps = _reps(nbytes, quick)
         src = rng.integers(0, 256, nbytes, dtype=np.uint8)
         dst = np.ones_like(src)  # warm pages, like the pool's
-        record = _save(pool, src)
-        # Hold the record through a view and give its message back: the loads below add and
-        # drop a reference each (a message would be taken by the first Tensor load).
-        kept = load_record(pool, record)
-        release(pool, record)
-
-        def load_tensor(h: int = record) -> object:
-            return Tensor.load_from_shared_memory(pool, h).as_numpy()
-
         results[label] = _rounds(
             {
                 "np.copyto": lambda: np.copyto(dst, src),  # noqa: B023
@@ -108,14 +101,27 @@ def bench_local(pool: SharedMemoryPool, quick: bool) -> dict[str, dict[str, list
                 "Tensor save": lambda: pool.release(
                     Tensor("x", src).save_to_shared_memory(pool)  # noqa: B023
                 ),
-                "load_record": lambda: load_record(pool, record),  # noqa: B023
-                "Tensor load": load_tensor,
             },
             reps,
             rounds,
         )
-        del kept
+        # Held through a view with its message given back: the loads below add and drop a
+        # reference each (a message would be taken by the first Tensor load).
+        kept[label] = load_record(pool, _save(pool, src))
+        release(pool, kept[label].handle)
         gc.collect()
+    # Loads of every size interleaved with the same repetitions, away from the big copies
+    # (which leave every cache cold): what is left is what the size itself costs.
+    loads: dict[str, Callable[[], object]] = {}
+    for label, record in kept.items():
+        loads[f"load_record {label}"] = lambda h=record.handle: load_record(pool, h)
+        loads[f"Tensor load {label}"] = lambda h=record.handle: Tensor.load_from_shared_memory(
+            pool, h
+        ).as_numpy()
+    times = _rounds(loads, 150 if quick else 1_000, rounds)
+    for label in SIZES:
+        for kind in ("load_record", "Tensor load"):
+            results[label][kind] = times[f"{kind} {label}"]
     return results
 
 
@@ -221,7 +227,9 @@ def _med(values: list[float]) -> float:
 def report(
     local: dict[str, dict[str, list[float]]], transfer: dict[str, dict[str, list[float]]]
 ) -> bool:
-    print("\nIn-process (median per call; each call drops what it made)")
+    print("\nIn-process (median per call; saves include releasing the record, loads do not")
+    print("include dropping what they loaded: views up to 64 KiB give their reference back in")
+    print("the next lock cycle, larger ones in one of their own)")
     cols = ["np.copyto", "save_record", "Tensor save", "load_record", "Tensor load"]
     print(f"{'size':>7} | " + " | ".join(f"{c:>12}" for c in cols) + " | save/copyto")
     for label, r in local.items():

@@ -562,9 +562,10 @@ class SharedMemoryPool:
             )
         if nbytes < 0:
             raise TritonModelException(f"Allocation size must be >= 0, got {nbytes}")
-        token = next(_tokens)
-        return self._call(
-            self._allocate_locked, nbytes, state, refcount, pending, cell, view, token
+        if self._closed:
+            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
+        return self._op(
+            self._allocate_locked, nbytes, state, refcount, pending, cell, view, next(_tokens)
         )
 
     def _allocate_locked(
