@@ -67,6 +67,9 @@ _FEW_FIXED: Final = 128
 # Up to this many wire bytes, deserialisation is a plain loop: the fixed cost of a numpy probe or
 # of an exception ending the loop is more than the whole loop there.
 _SMALL_WIRE: Final = 384
+# Up to this many, data whose elements are not all of one length (no numpy path) are still walked
+# by the plain loop: the exception that ends the other walk costs more than its per-element gain.
+_FEW_WIRE: Final = 4096
 # Elements shorter than this are cut by a compiled ``struct`` format of their own length (made on
 # first use and kept, so at most this many small formats ever exist); longer ones are sliced.
 _PAIR_CAP: Final = 4096
@@ -387,7 +390,7 @@ def _pair(length: int) -> Callable[[Buffer, int], tuple[bytes, int]]:
 
 
 def _split_few(data: bytes, end: int) -> list[bytes]:
-    """Walk ``data`` (``end`` bytes, at most :data:`_SMALL_WIRE`) with a plain loop.
+    """Walk ``data`` (``end`` bytes, at most :data:`_FEW_WIRE`) with a plain loop.
 
     Same reads as :func:`_split`, but the loop ends on a bounds test, not on an exception (which
     costs more than a few elements).
@@ -407,7 +410,7 @@ def _split_few(data: bytes, end: int) -> list[bytes]:
     while stop + 4 <= end:  # another length field follows this element
         try:
             item, length = pairs[length](data, off)
-        except _NoFormat:  # the first element of this length; lengths here are < _PAIR_CAP
+        except _NoFormat:  # the first element of this length (< _FEW_WIRE < _PAIR_CAP here)
             item, length = _pair(length)(data, off)
         out.append(item)
         off = stop + 4
@@ -569,9 +572,13 @@ def _deserialize_view(view: memoryview, data: bytes | None) -> npt.NDArray[np.ob
         result = _split_uniform(view, first, end // stride)
         if result is not None:
             return result
-    # struct reads a bytes object a little faster than a memoryview.
-    items = _split(view if data is None else data, end)
-    return np.fromiter(items, dtype=object, count=len(items))
+    if end <= _FEW_WIRE:
+        # Varying lengths, not many: the walk without an exception ending it.
+        items = _split_few(view.tobytes() if data is None else data, end)
+    else:
+        # struct reads a bytes object a little faster than a memoryview.
+        items = _split(view if data is None else data, end)
+    return _fromiter(items, _OBJECT, len(items))
 
 
 def deserialize_bytes_tensor(encoded_tensor: Buffer | npt.NDArray[Any]) -> npt.NDArray[np.object_]:

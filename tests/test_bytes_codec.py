@@ -359,10 +359,10 @@ def test_deserialize_buffer_kinds(kind: Any, items: list[bytes]) -> None:
     assert_bytes_array(deserialize_bytes_tensor(buf), items)
 
 
-@pytest.mark.parametrize("total", [380, 383, 384, 385, 388, 392])
+@pytest.mark.parametrize("total", [380, 383, 384, 385, 388, 392, 4092, 4095, 4096, 4097, 4104])
 def test_deserialize_either_side_of_the_plain_loop(total: int) -> None:
-    """Wire sizes around the plain-loop bound, uniform and not, valid and truncated."""
-    assert bytes_codec._SMALL_WIRE == 384
+    """Wire sizes around the plain-loop bounds, uniform and not, valid and truncated."""
+    assert (bytes_codec._SMALL_WIRE, bytes_codec._FEW_WIRE) == (384, 4096)
     for first in (0, 1, 7):
         items = [b"f" * first]
         left = total - 4 - first
