@@ -5,7 +5,8 @@ integer *handles* (byte offsets, the same in every process), each allocation car
 reference count in shared memory, guarded by a lock that a crashed process cannot leave held.
 Tensors are stored as *records* in Triton python_backend's layout::
 
-    [ref-count prefix 16 B]                       <- handle
+    [ref-count prefix 16 B: uint32 count,         <- handle
+     uint32 pending messages (in upstream's padding), 8 pad]
     [TensorShm 24 B: int64 memory (0 = inline), int32 dtype, 4 pad, uint64 dims_count]
     [int64 dims[dims_count]]
     [StringShm 16 B: int64 data handle, uint64 length][name bytes, no NUL]
@@ -16,8 +17,11 @@ Tensors are stored as *records* in Triton python_backend's layout::
     [payload: byte_size bytes (CPU, CPU_PINNED) or a 64-byte CUDA IPC handle slot (GPU)]
 
 Unlike upstream, the payload starts on a 64-byte boundary so numpy views of it are aligned for
-every dtype. :func:`save_record` copies the payload once; :func:`load_record` returns a
-zero-copy view that keeps the record alive until it and every array derived from it are gone.
+every dtype. :func:`save_record` copies the payload once and returns a handle carrying a
+*message* reference: the record stays valid until a load takes the message over
+(``take=True``, as ``Tensor.load_from_shared_memory`` does) or :func:`release` gives it back.
+:func:`load_record` returns a zero-copy view that keeps the record alive until it and every
+array derived from it are gone. See docs/shared-memory.md.
 
 This module takes and returns primitives only (``int`` dtype and memory-type codes, as
 ``TRITONSERVER_DataType`` / ``TRITONSERVER_MemoryType``); :mod:`pb_tensor.tensor` builds
