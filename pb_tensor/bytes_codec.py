@@ -290,10 +290,11 @@ def serialize(array: npt.NDArray[Any]) -> npt.NDArray[np.uint8]:
 
 def serialize_with_lengths(
     array: npt.NDArray[Any],
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64] | None]:
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint32] | None]:
     """:func:`serialize`, and the element lengths it found on the way (no extra pass).
 
-    The lengths (``int64``, one per element in C order) are returned for arrays of more than
+    The lengths (``uint32``, one per element in C order: a tensor keeps them, so they take the
+    narrowest type the wire format allows) are returned for arrays of more than
     :data:`INDEX_MIN_ELEMENTS` elements, where a stored :func:`length_index` makes loads cheaper;
     ``None`` for fewer. Same errors as :func:`serialize`.
     """
@@ -310,7 +311,9 @@ def serialize_with_lengths(
     else:
         wire, lens = _serialize(np.asarray(array))
         out = wire if type(wire) is _ndarray else _frombuffer(wire, _U8)
-    return out, (lens if lens is not None and lens.size > INDEX_MIN_ELEMENTS else None)
+    if lens is None or lens.size <= INDEX_MIN_ELEMENTS:
+        return out, None
+    return out, lens.astype(np.uint32)
 
 
 def length_index(lengths: npt.NDArray[np.integer[Any]]) -> bytes:

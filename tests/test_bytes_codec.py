@@ -607,7 +607,7 @@ def test_serialize_with_lengths(array: np.ndarray[Any, Any]) -> None:
     out, lengths = bytes_codec.serialize_with_lengths(array)
     assert out.tobytes() == reference_serialize(array)
     assert lengths is not None
-    assert lengths.dtype == np.int64
+    assert lengths.dtype == np.uint32
     assert lengths.tolist() == [len(item) for item in reference_deserialize(out.tobytes())]
 
 
