@@ -141,6 +141,7 @@ class Tensor:
         "_dims",
         "_dl",
         "_dtype",
+        "_lengths",
         "_memory_id",
         "_memory_type",
         "_name",
@@ -159,6 +160,9 @@ class Tensor:
     _dl: dl.DLPackTensor | None
     # BYTES only: the serialized wire bytes.
     _serialized: np.ndarray[Any, Any] | None
+    # BYTES only: the element lengths serialisation found (many elements only), stored beside
+    # the payload when the tensor is saved to shared memory.
+    _lengths: np.ndarray[Any, Any] | None
     # Shared-memory state once saved or loaded (handle, pool), or None.
     _shm: Any
 
@@ -174,8 +178,12 @@ class Tensor:
         dtype = triton_dtype_from_numpy(array.dtype)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None,
-              bytes_codec.serialize(array) if dtype == TritonDtype.TYPE_BYTES else None)
+        if dtype is not TritonDtype.TYPE_BYTES:
+            _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None, None)
+            return
+        serialized, lengths = bytes_codec.serialize_with_lengths(array)
+        _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None, serialized)
+        self._lengths = lengths
 
     # ----------------------------------------------------------------------------------------
     # Construction from DLPack
@@ -520,11 +528,15 @@ class Tensor:
                      None, imported, None)
 
     def save_to_shared_memory(self, pool: SharedMemoryPool) -> int:
-        """Copy the tensor into ``pool`` once and return its handle (idempotent, as upstream).
+        """Copy the tensor into ``pool`` once and return its handle (the same handle on every
+        call, as upstream).
 
-        Afterwards the tensor's data lives in the pool. A GPU tensor stays in device memory:
-        the record holds a CUDA IPC handle of its allocation and the pointer's offset in it,
-        which a loading process opens. The tensor keeps the record alive while it lives.
+        The handle is a *message*: the record stays valid until a
+        :meth:`load_from_shared_memory` takes it over or ``pool.release(handle)`` gives it
+        back, whatever happens to this tensor (a temporary is fine). Each call hands out one
+        more message on the same record (one copy). Afterwards the tensor's data lives in the
+        pool. A GPU tensor stays in device memory: the record holds a CUDA IPC handle of its
+        allocation and the pointer's offset in it, which a loading process opens.
 
         Raises:
             TritonModelException: the pool cannot grow enough, or GPU memory without CUDA
@@ -538,7 +550,10 @@ class Tensor:
     def load_from_shared_memory(pool: SharedMemoryPool, handle: int) -> Tensor:
         """A zero-copy view of a tensor saved in ``pool`` (by any process).
 
-        The loaded tensor, and everything exported from it, keep the allocation alive. A GPU
+        The load takes over the message of a save (see :meth:`save_to_shared_memory`); a
+        second load while the record is alive adds a reference, and a failed load leaves the
+        message pending. The loaded tensor, and everything exported from it, keep the
+        allocation alive. A GPU
         record's IPC handle is opened on its device (and closed when the last of them dies);
         in the process that saved it, the saving tensor's memory is reused instead, as CUDA
         cannot open a handle in the process that exported it.
@@ -575,6 +590,7 @@ def _fill(
     t._array = array
     t._dl = imported
     t._serialized = serialized
+    t._lengths = None
     t._shm = None
     return t
 

@@ -119,6 +119,14 @@ EDGE_CASES: dict[str, np.ndarray[Any, Any]] = {
     "object-bytearray-memoryview": objects(bytearray(b"ab"), b"cd"),
     "object-bytes-subclass": objects(BytesSubclass(b"sub"), b"plain"),
     "object-long-elements": objects(b"x" * 300, b"y" * 70000, b"z"),
+    "object-long-then-coerced": objects(b"a", b"x" * 1024, "é", 3, b"y" * 1023),
+    "object-1024-elements": objects(*(bytes([i % 256]) * (i % 3) for i in range(1024))),
+    "object-1025-elements": objects(*(bytes([i % 256]) * (i % 3) for i in range(1025))),
+    "object-1025-str": objects(*(str(i) for i in range(1025))),
+    "S-128-elements": np.array([bytes([97 + i % 26]) * (i % 4) for i in range(128)], dtype="S3"),
+    "S-129-elements": np.array([bytes([97 + i % 26]) * (i % 4) for i in range(129)], dtype="S3"),
+    "S-1-trailing-nul": np.array([b"ab\x00"], dtype="S3"),
+    "object-1-str": objects("é"),
     "object-large-mean": objects(*(bytes([i]) * (1000 + i) for i in range(8))),
     "object-many-large": objects(*(bytes([i]) * (600 + 7 * i) for i in range(80))),
     "object-many-small": objects(*(bytes([i]) * (i % 7) for i in range(80))),
@@ -243,14 +251,58 @@ def test_serialize_header_bytes_for_every_width() -> None:
     assert_bytes_array(deserialize(serialize(array)), items)
 
 
-@pytest.mark.parametrize("count", [3, 100])
+class NarrowLengths(struct.Struct):
+    """``<I`` whose ``pack`` refuses values over 10 as ``struct`` refuses values over 2**32 - 1."""
+
+    def pack(self, *values: Any) -> bytes:
+        if values[0] > 10:
+            raise struct.error("'I' format requires 0 <= number <= 10")
+        return super().pack(*values)
+
+
+def test_length_field_range_is_structs() -> None:
+    """The few-element path relies on ``struct`` refusing lengths that do not fit."""
+    with pytest.raises(struct.error):
+        bytes_codec._U32.pack(1 << 32)
+    assert bytes_codec._U32.pack((1 << 32) - 1) == b"\xff\xff\xff\xff"
+
+
+@pytest.mark.parametrize("count", [1, 3, 1024, 1025])
 def test_element_too_long_for_the_length_field(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
-    # Stands in for a 4 GiB element: the check is the same, the memory is not needed.
+    # Stands in for a 4 GiB element: the checks are the same, the memory is not needed.
     monkeypatch.setattr(bytes_codec, "_MAX_ELEMENT", 10)
+    monkeypatch.setattr(bytes_codec, "_U32", NarrowLengths("<I"))
+    monkeypatch.setattr(bytes_codec, "_HEADS", [])
+    monkeypatch.setattr(bytes_codec, "_HEAD_CAP", 0)
     array = objects(*([b"x"] * (count - 1)), b"y" * 11)
     with pytest.raises(TritonModelException) as info:
         serialize(array)
     assert str(info.value) == "BYTES element of 11 bytes does not fit the 32-bit length field"
+    with pytest.raises(TritonModelException) as info:
+        serialize_byte_tensor(array)
+    assert str(info.value) == "BYTES element of 11 bytes does not fit the 32-bit length field"
+
+
+class StrRaises:
+    """An element whose ``str()`` fails, as upstream's ``str(x)`` would propagate it."""
+
+    def __init__(self, exc: type[Exception]) -> None:
+        self.exc = exc
+
+    def __str__(self) -> str:
+        raise self.exc("no text")
+
+
+@pytest.mark.parametrize("exc", [IndexError, ValueError, struct.error])
+@pytest.mark.parametrize("before", [[], [b"short"], [b"x" * 2000]], ids=["first", "after-short",
+                                                                        "after-long"])
+@pytest.mark.parametrize("count", [1, 3, 1100])
+def test_element_str_errors_propagate(exc: type[Exception], before: list[bytes],
+                                      count: int) -> None:
+    array = objects(*before, StrRaises(exc), *([b"tail"] * count))
+    for call in (serialize, serialize_byte_tensor, bytes_codec.serialize_with_lengths):
+        with pytest.raises(exc, match="no text"):
+            call(array)
 
 
 def test_serialize_does_not_change_input() -> None:
@@ -307,9 +359,35 @@ def test_deserialize_buffer_kinds(kind: Any, items: list[bytes]) -> None:
     assert_bytes_array(deserialize_bytes_tensor(buf), items)
 
 
+@pytest.mark.parametrize("total", [380, 383, 384, 385, 388, 392, 4092, 4095, 4096, 4097, 4104])
+def test_deserialize_either_side_of_the_plain_loop(total: int) -> None:
+    """Wire sizes around the plain-loop bounds, uniform and not, valid and truncated."""
+    assert (bytes_codec._SMALL_WIRE, bytes_codec._FEW_WIRE) == (384, 4096)
+    for first in (0, 1, 7):
+        items = [b"f" * first]
+        left = total - 4 - first
+        while left >= 4:
+            size = min(left - 4, 9)
+            items.append(bytes([len(items) % 251]) * size)
+            left -= 4 + size
+        data = wire(*items) + b"\x00" * left
+        for buf in (data, np.frombuffer(data, dtype=np.uint8), bytearray(data)):
+            try:
+                expected: list[bytes] | str = reference_deserialize(data)
+            except TritonModelException as exc:
+                expected = str(exc)
+            try:
+                got: list[bytes] | str = deserialize(buf).tolist()
+            except TritonModelException as exc:
+                got = str(exc)
+            assert got == expected
+    uniform = wire(*[b"abcd"] * (total // 8))
+    assert_bytes_array(deserialize(uniform), [b"abcd"] * (total // 8))
+
+
 def test_compiled_formats_stay_bounded() -> None:
     deserialize(wire(b"a" * 5000, b"b" * 70_000, b"c"))
-    assert max(bytes_codec._PAIRS) < bytes_codec._PAIR_CAP
+    assert len(bytes_codec._PAIRS) == bytes_codec._PAIR_CAP
 
 
 def test_deserialize_non_byte_format_memoryview() -> None:
@@ -405,10 +483,13 @@ def test_deserialize_matches_tritonclient() -> None:
 
 def test_public_names() -> None:
     assert sorted(bytes_codec.__all__) == [
+        "INDEX_MIN_ELEMENTS",
         "deserialize",
         "deserialize_bytes_tensor",
+        "length_index",
         "serialize",
         "serialize_byte_tensor",
+        "serialize_with_lengths",
     ]
 
 
@@ -488,3 +569,203 @@ def test_damaged_data_property(
         except TritonModelException as exc:
             got = str(exc)
         assert got == expected
+
+
+# ------------------------------------------------------------------------------------------------
+# Stored element lengths (length index)
+
+STORED = "Invalid bytes tensor data: stored element lengths"
+
+
+def index_of(items: list[bytes]) -> bytes:
+    """The documented layout, restated."""
+    head = struct.pack("<8sQQ", b"pbtLENS1", len(items), len(wire(*items)))
+    return head + b"".join(struct.pack("<I", len(item)) for item in items)
+
+
+def test_length_index_layout() -> None:
+    items = [b"ab", b"", b"cde\x00"]
+    lengths = np.array([2, 0, 4], dtype=np.int64)
+    assert bytes_codec.length_index(lengths) == index_of(items)
+    assert bytes_codec.length_index(np.array([], dtype=np.int64)) == index_of([])
+    assert index_of(items)[:24] == (
+        b"pbtLENS1" + b"\x03" + b"\x00" * 7 + b"\x12" + b"\x00" * 7
+    )
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        objects(*(bytes([i % 256]) * (i % 9) for i in range(1025))),
+        objects(*(str(i) for i in range(1100))),
+        objects(*(b"x" * 600 for _ in range(1030))),  # large mean: joined with pack
+        np.array([b"a\x00", b"bcd"] * 520, dtype="S4"),
+        np.array([b"abcd"] * 1040, dtype="S4").reshape(20, 52),  # no trailing NULs anywhere
+    ],
+)
+def test_serialize_with_lengths(array: np.ndarray[Any, Any]) -> None:
+    out, lengths = bytes_codec.serialize_with_lengths(array)
+    assert out.tobytes() == reference_serialize(array)
+    assert lengths is not None
+    assert lengths.dtype == np.uint32
+    assert lengths.tolist() == [len(item) for item in reference_deserialize(out.tobytes())]
+
+
+@pytest.mark.parametrize("count", [0, 1, 6, 64, 200, 1024])
+@pytest.mark.parametrize("dtype", [object, "S2"])
+def test_few_elements_have_no_lengths(count: int, dtype: Any) -> None:
+    assert bytes_codec.INDEX_MIN_ELEMENTS == 1024
+    array = np.array([b"ab"] * count, dtype=dtype)
+    out, lengths = bytes_codec.serialize_with_lengths(array)
+    assert out.tobytes() == (reference_serialize(array) if count else b"")
+    assert lengths is None
+
+
+INDEXED_CASES = {
+    "short-mixed": [bytes([i % 256]) * (i % 33) for i in range(200)],
+    "uniform": [b"abcd"] * 100,
+    "uniform-empty": [b""] * 100,
+    "uniform-trailing-nul": [b"a\x00"] * 100,
+    "around-token-cap": [b"s" * 4095, b"", b"t" * 4094] * 30,
+    "long-elements": [b"l" * 5000, b"s", b"m" * 4096] * 30,
+    "more-than-a-chunk": [bytes([i % 7]) * (i % 5) for i in range(20_000)],
+    "single": [b"only"],
+}
+
+
+@pytest.mark.parametrize("items", INDEXED_CASES.values(), ids=INDEXED_CASES.keys())
+@pytest.mark.parametrize("kind", ["bytes", "uint8-array", "read-only-array"])
+def test_deserialize_with_index(items: list[bytes], kind: str) -> None:
+    data = wire(*items)
+    buf: Any = {
+        "bytes": data,
+        "uint8-array": np.frombuffer(bytearray(data), dtype=np.uint8),
+        "read-only-array": np.frombuffer(data, dtype=np.uint8),
+    }[kind]
+    index = index_of(items)
+    assert_bytes_array(deserialize(buf, len(items), index=index), items)
+    assert_bytes_array(deserialize(buf, index=index), items)
+    assert_bytes_array(deserialize(buf, index=memoryview(index)), items)
+    # An index followed by unrelated bytes (the slack of an allocation) reads the same.
+    assert_bytes_array(deserialize(buf, index=index + b"\xff" * 13), items)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [b"", b"pbtLENS", b"x" * 24, b"pbtLENS2" + bytes(16), b"\x00" * 64],
+    ids=["empty", "short-head", "other-magic", "other-version", "zeros"],
+)
+def test_not_an_index_is_ignored(index: bytes) -> None:
+    items = [b"abc", b"", b"de"]
+    assert_bytes_array(deserialize(wire(*items), 3, index=index), items)
+    with pytest.raises(TritonModelException) as info:
+        deserialize(wire(*items)[:-1], 3, index=index)
+    assert str(info.value) == BEYOND
+
+
+def patched(data: bytes, *patches: tuple[int, bytes]) -> bytes:
+    out = bytearray(data)
+    for at, value in patches:
+        out[at : at + len(value)] = value
+    return bytes(out)
+
+
+ITEMS = [b"abc", b"", b"de", b"fghi"]  # 25 wire bytes; the index: 24-byte head + 4 lengths
+INDEX = index_of(ITEMS)
+
+
+@pytest.mark.parametrize(
+    ("index", "count", "message"),
+    [
+        (INDEX, 5, "are for 4 elements, the tensor has 5"),
+        (patched(INDEX, (8, b"\x05")), 4, "are for 5 elements, the tensor has 4"),
+        (patched(INDEX, (8, b"\x05")), None, "are truncated: 40 bytes, 44 needed"),
+        (patched(INDEX, (16, b"\x1a")), 4, "are for 26 bytes of data, found 25"),
+        (INDEX[:-1], None, "are truncated: 39 bytes, 40 needed"),
+        (patched(INDEX, (28, b"\x01")), 4, "add up to 26 bytes, the data has 25"),
+        (
+            patched(INDEX, (24, b"\x02"), (28, b"\x01")),
+            None,
+            "do not match the data: element 0 is stored as 2 bytes, its length field says 3",
+        ),
+        (
+            patched(INDEX, (32, b"\x01"), (36, b"\x05")),
+            4,
+            "do not match the data: element 2 is stored as 1 bytes, its length field says 2",
+        ),
+    ],
+)
+def test_corrupted_index_raises(index: bytes, count: int | None, message: str) -> None:
+    data = wire(*ITEMS)
+    for buf in (data, np.frombuffer(data, dtype=np.uint8)):
+        with pytest.raises(TritonModelException) as info:
+            deserialize(buf, count, index=index)
+        assert str(info.value) == f"{STORED} {message}"
+
+
+def test_index_of_empty_data() -> None:
+    assert_bytes_array(deserialize(b"", 0, index=index_of([])), [])
+    with pytest.raises(TritonModelException) as info:
+        deserialize(b"", 1, index=index_of([]))
+    assert str(info.value) == f"{STORED} are for 0 elements, the tensor has 1"
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    items=st.lists(ELEMENT, min_size=1, max_size=90),
+    patch=st.lists(st.tuples(st.integers(0, 10_000), st.binary(min_size=1, max_size=4)),
+                   max_size=3),
+    damage_data=st.booleans(),
+)
+def test_index_never_gives_wrong_data(
+    items: list[bytes], patch: list[tuple[int, bytes]], damage_data: bool
+) -> None:
+    """Any damage to the index (or the data): the walk's exact result, or an exception."""
+    data = bytearray(wire(*items))
+    index = bytearray(index_of(items))
+    target = data if damage_data else index
+    for offset, junk in patch:
+        at = offset % len(target)
+        target[at : at + len(junk)] = junk
+    try:
+        expected: list[bytes] | None = reference_deserialize(bytes(data))
+    except TritonModelException:
+        expected = None
+    message = ""
+    try:
+        got: list[bytes] | None = deserialize(bytes(data), index=bytes(index)).tolist()
+    except TritonModelException as exc:
+        message = str(exc)
+        got = None
+    if got is None:
+        assert message.startswith("Invalid bytes tensor data: ")
+    if got is not None:
+        assert got == expected
+    if not patch:
+        assert got == items
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(items=st.lists(ELEMENT, max_size=120))
+def test_length_index_round_trip(items: list[bytes]) -> None:
+    index = bytes_codec.length_index(np.array([len(item) for item in items], dtype=np.int64))
+    assert index == index_of(items)
+    data = wire(*items)
+    assert_bytes_array(deserialize(data, len(items), index=index), items)
+    assert_bytes_array(deserialize(np.frombuffer(data, np.uint8), index=index), items)
+
+
+@settings(max_examples=25, deadline=None, database=None)
+@given(
+    items=st.lists(st.binary(max_size=40), min_size=1025, max_size=1100),
+    fixed=st.booleans(),
+)
+def test_serialise_index_deserialise_round_trip(items: list[bytes], fixed: bool) -> None:
+    array = np.array(items, dtype="S40") if fixed else objects(*items)
+    expected = [item.rstrip(b"\x00") for item in items] if fixed else items
+    out, lengths = bytes_codec.serialize_with_lengths(array)
+    assert lengths is not None
+    assert out.tobytes() == reference_serialize(array)
+    index = bytes_codec.length_index(lengths)
+    assert index == index_of(expected)
+    assert_bytes_array(deserialize(out, len(items), index=index), expected)

@@ -392,10 +392,11 @@ def test_failed_copy_frees_the_allocation(
         raise RuntimeError("copy failed")
 
     monkeypatch.setattr(np, "copyto", boom)
+    n = 1 << 15  # past the small-payload path, which copies without np.copyto
     with pytest.raises(RuntimeError, match="copy failed"):
         save_record(
-            pool, name="x", dtype=11, dims=(4,), memory_type=0, memory_type_id=0,
-            payload=np.zeros(4, np.float32), byte_size=16,
+            pool, name="x", dtype=11, dims=(n,), memory_type=0, memory_type_id=0,
+            payload=np.zeros(n, np.float32), byte_size=4 * n,
         )  # fmt: skip
     monkeypatch.undo()
     assert pool.stats().allocations == 0

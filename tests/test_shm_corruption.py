@@ -82,6 +82,7 @@ def _region(pool: SharedMemoryPool, handle: int) -> tuple[int, int]:
     record = load_record(pool, handle)
     ndim, name_len = len(record.dims), len(record.name.encode())
     del record
+    pool.refcount(handle)  # the lock cycle in which the small view's reference goes back
     return handle - BLOCK_HEADER, handle + 16 + shm.record_payload_offset(ndim, name_len) + 16
 
 
@@ -131,6 +132,9 @@ def _trial(pool: SharedMemoryPool, mm: mmap.mmap, handle: int, patch: dict[int, 
             # take it again so that dropping the record leaves exactly the saver's one.
             pool.incref(handle)
             del record
+            # A small view gives its reference back in the next lock cycle: run one now,
+            # before the next trial patches the header that the give-back writes.
+            pool.refcount(handle)
     return outcome
 
 

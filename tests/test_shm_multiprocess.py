@@ -304,7 +304,9 @@ _DIE_HOLDING_LOCK = """
     from pb_tensor.shm import _heap as heap
     from pb_tensor.shm import SharedMemoryPool
     pool = SharedMemoryPool.attach(sys.argv[1])
-    m = pool._acquire()
+    import fcntl
+    fcntl.flock(pool._lock_fd, fcntl.LOCK_EX)
+    m = pool._map
     # Die in the middle of a heap mutation: dirty word set, free lists half rewritten.
     heap.U64.pack_into(m.mm, heap.OFF_DIRTY, os.getpid())
     for b in range(heap.NBINS):

@@ -712,8 +712,10 @@ def test_save_records_ipc_handle_and_offset(fake: FakeCudaRuntime, pool: SharedM
     assert tensor.save_to_shared_memory(pool) == handle
     assert tensor.data_ptr == ptr
     assert not tensor.is_cpu()
-    # The tensor holds the record (as for CPU data); it goes with the tensor.
-    assert pool.refcount(handle) == 1
+    # The tensor holds the record (as for CPU data), beside the two saves' messages.
+    assert (pool.refcount(handle), pool.pending_messages(handle)) == (3, 2)
+    pool.release(handle)
+    pool.release(handle)
     del tensor
     gc.collect()
     assert pool.stats().allocations == 0
@@ -825,7 +827,8 @@ def test_load_errors(fake: FakeCudaRuntime, pool: SharedMemoryPool) -> None:
     with pytest.raises(TritonModelException, match="holds no CUDA IPC handle"):
         Tensor.load_from_shared_memory(pool, handle)
     assert fake.calls == []
-    assert pool.refcount(handle) == 1  # the failed load gave its reference back
+    # The failed load gave back the message it took: the record is as it was.
+    assert (pool.refcount(handle), pool.pending_messages(handle)) == (1, 1)
 
     saver, _host, _ptr = saved_gpu_tensor(fake)
     good = saver.save_to_shared_memory(pool)
@@ -841,7 +844,7 @@ def test_load_errors(fake: FakeCudaRuntime, pool: SharedMemoryPool) -> None:
     assert fake.current == 0
     del info  # its traceback holds the failed load's record
     gc.collect()
-    assert pool.refcount(good) == 1
+    assert (pool.refcount(good), pool.pending_messages(good)) == (2, 1)  # the saver's, pending
 
 
 def test_save_without_cuda(fake: FakeCudaRuntime, pool: SharedMemoryPool) -> None:

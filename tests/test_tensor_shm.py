@@ -158,6 +158,11 @@ def test_save_is_idempotent(pool: SharedMemoryPool) -> None:
     np.testing.assert_array_equal(t.as_numpy(), a)
     assert np.shares_memory(t.as_numpy(), _payload_view(pool, handle))
     assert t.data_ptr == _payload_view(pool, handle).ctypes.data
+    # One copy, but each save handed out a message: three loads (or releases) are owed.
+    assert pool.pending_messages(handle) == 3
+    for _ in range(3):
+        pool.release(handle)
+    assert pool.refcount(handle) == 1  # the tensor's own
 
 
 def test_save_to_two_pools(pool: SharedMemoryPool) -> None:
@@ -169,7 +174,7 @@ def test_save_to_two_pools(pool: SharedMemoryPool) -> None:
         np.testing.assert_array_equal(loaded.as_numpy(), [0.0, 1.0, 2.0])
         del loaded, t
         assert other.stats().allocations == 0
-    assert h1 >= 0
+    pool.release(h1)
 
 
 def test_save_dlpack_imported_tensor(pool: SharedMemoryPool) -> None:

@@ -33,7 +33,7 @@ from typing import Final
 from pb_tensor.errors import TritonModelException
 
 POOL_MAGIC: Final = b"PBTSHM\x00\x01"
-LAYOUT_VERSION: Final = 1
+LAYOUT_VERSION: Final = 2  # 2: pending-message count beside the ref count
 HEADER_SIZE: Final = 1024
 POOL_HEAD = struct.Struct("=8sIIQQQ")  # magic, version, header size, total, growth, max
 OFF_TOTAL: Final = 16  # commit point of growth: every process maps up to here
@@ -52,6 +52,10 @@ BLOCK_MAGIC: Final = 0x4B4C4250  # "PBLK"
 BLOCK = struct.Struct("=IIQQQQQI")  # magic, state, size, prev size, nbytes, next, prev, refcount
 BLOCK_HDR: Final = 48  # handle = block + 48 (the ref-count prefix)
 PREFIX: Final = 16  # upstream's alignas(16) AllocatedShmOwnership { uint32 ref_count; }
+# The prefix at the handle: upstream's ref count, then (in upstream's padding) how many of those
+# references are messages: handed out by a save and not yet taken over by a load.
+REF = struct.Struct("=II")
+BLOCK_REF = struct.Struct("=IIQQQQQII")  # BLOCK and REF in one round trip
 DATA: Final = BLOCK_HDR + PREFIX  # user data = block + 64
 ALIGN: Final = 64
 OFF_STATE: Final = 4
@@ -87,6 +91,10 @@ class PoolStats:
     free_blocks: int
     largest_free: int
     recoveries: int
+    unloaded_records: int = 0
+    """Records saved and not yet loaded or released (one or more messages pending)."""
+    unloaded_handles: tuple[int, ...] = ()
+    """Their handles, in heap order."""
 
 
 def block_size(nbytes: int) -> int:
@@ -194,9 +202,20 @@ def _coalesce_and_insert(mm: mmap, off: int) -> None:
 
 
 def allocate_block(
-    mm: mmap, off: int, need: int, nbytes: int, state: int, mapped: int, name: str
+    mm: mmap,
+    off: int,
+    need: int,
+    nbytes: int,
+    state: int,
+    mapped: int,
+    name: str,
+    refcount: int = 1,
+    pending: int = 0,
 ) -> None:
-    """Turn free block ``off`` (from :func:`find_fit`) into an allocation, ref count 1.
+    """Turn free block ``off`` (from :func:`find_fit`) into an allocation.
+
+    The block becomes allocated in its last write (header, ``refcount`` and ``pending``
+    messages at once), so a process that dies before it leaves a free block behind.
 
     Raises:
         TritonModelException: the block is not a free block that fits (corrupted free list).
@@ -222,9 +241,11 @@ def allocate_block(
         U64.pack_into(mm, tail + rest + OFF_PREV, rest)
         _bin_insert(mm, tail, rest)
         size = need
-    BLOCK.pack_into(mm, off, BLOCK_MAGIC, state, size, prev_size, nbytes, 0, 0, 1)
     U64.pack_into(mm, OFF_USED, U64.unpack_from(mm, OFF_USED)[0] + size)
     U64.pack_into(mm, OFF_NALLOC, U64.unpack_from(mm, OFF_NALLOC)[0] + 1)
+    BLOCK_REF.pack_into(
+        mm, off, BLOCK_MAGIC, state, size, prev_size, nbytes, 0, 0, refcount, pending
+    )
     U64.pack_into(mm, OFF_DIRTY, 0)
 
 
@@ -242,9 +263,10 @@ def free_block(mm: mmap, off: int, name: str) -> None:
         if (p_magic, p_size) != (BLOCK_MAGIC, prev_size):
             raise _corrupted(name, f"the block before offset {off} does not match its size")
     U64.pack_into(mm, OFF_DIRTY, os.getpid())
+    # Freed in the first write: from here a repair (walk) sees a free block and rebuilds the rest.
+    BLOCK_REF.pack_into(mm, off, BLOCK_MAGIC, FREE, size, prev_size, 0, 0, 0, 0, 0)
     U64.pack_into(mm, OFF_USED, U64.unpack_from(mm, OFF_USED)[0] - size)
     U64.pack_into(mm, OFF_NALLOC, U64.unpack_from(mm, OFF_NALLOC)[0] - 1)
-    BLOCK.pack_into(mm, off, BLOCK_MAGIC, FREE, size, prev_size, 0, 0, 0, 0)
     _coalesce_and_insert(mm, off)
     U64.pack_into(mm, OFF_DIRTY, 0)
 
@@ -328,6 +350,11 @@ def walk(mm: mmap, mapped: int, name: str, *, repair: bool) -> PoolStats:
         blocks.append((off, state, size))
         off += size
     used = sum(size for _, state, size in blocks if state != FREE)
+    unloaded = tuple(
+        off + BLOCK_HDR
+        for off, state, _ in blocks
+        if state == RECORD and REF.unpack_from(mm, off + BLOCK_HDR)[1]
+    )
     free = [(o, size) for o, state, size in blocks if state == FREE]
     if repair:
         _rebuild(mm, blocks, end, used, len(blocks) - len(free))
@@ -341,6 +368,8 @@ def walk(mm: mmap, mapped: int, name: str, *, repair: bool) -> PoolStats:
         free_blocks=len(free),
         largest_free=max((size for _, size in free), default=0),
         recoveries=int(U64.unpack_from(mm, OFF_RECOVERIES)[0]),
+        unloaded_records=len(unloaded),
+        unloaded_handles=unloaded,
     )
 
 
@@ -356,7 +385,7 @@ def _rebuild(
         U64.pack_into(mm, off + OFF_SIZE, size)
         U64.pack_into(mm, off + OFF_PREV, prev)
         if state == FREE:
-            U32.pack_into(mm, off + BLOCK_HDR, 0)
+            REF.pack_into(mm, off + BLOCK_HDR, 0, 0)
             _bin_insert(mm, off, size)
         prev = size
     U64.pack_into(mm, end + OFF_PREV, prev)

@@ -27,13 +27,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import fcntl
+import importlib
 import itertools
 import multiprocessing.util as mp_util
 import os
 import secrets
 import threading
 import weakref
-from typing import Any, Final, cast
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -41,17 +43,19 @@ import numpy.typing as npt
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import _heap as heap
 from pb_tensor.shm._heap import PoolStats
+from pb_tensor.shm._locked import Held, LockedHeap, ndview
 from pb_tensor.shm._segment import (
     PAGE,
     SHM_DIR,
     Mapping,
     check_name,
     create_segment,
-    extend_segment,
+    is_sealed,
     open_segment,
     positive_int,
     reopen,
     round_up,
+    sealing_supported,
 )
 
 __all__ = [
@@ -69,38 +73,22 @@ DEFAULT_GROWTH: Final = 1 << 20
 """Growth step in bytes: Triton's ``shm-growth-byte-size`` default (1 MiB)."""
 
 
-class _Owner:
-    """The ``base`` of every view that holds a reference: dropping the last view drops the ref.
-
-    numpy builds the view from ``__array_interface__``; the owner keeps the mapping alive
-    through ``_mapping`` and gives its reference back when garbage collected.
-    """
-
-    __slots__ = ("__array_interface__", "__weakref__", "_handle", "_mapping", "_pool", "_token")
-
-    __array_interface__: dict[str, Any]
-    _pool: SharedMemoryPool
-    _token: int
-    _handle: int
-    _mapping: Mapping
-
-    def __del__(self) -> None:
-        # Never raise from a finaliser (a corrupted header is reported by the next explicit
-        # operation), and look up no module global: this may run during interpreter shutdown.
-        try:  # noqa: SIM105
-            self._pool._owner_died(self._token)
-        except Exception:
-            pass
-
-    def __repr__(self) -> str:
-        return f"<pb_tensor shared-memory allocation {self._handle} in pool {self._pool.name!r}>"
-
-
 _live_pools: weakref.WeakSet[SharedMemoryPool] = weakref.WeakSet()
 _tokens = itertools.count(1)
+_get_ident: Final = threading.get_ident
+_flock: Final = fcntl.flock
+_LOCK_EX: Final = fcntl.LOCK_EX
+_LOCK_UN: Final = fcntl.LOCK_UN
+_u64_at: Final = heap.U64.unpack_from
+# Views up to this size give their reference back in this process's next lock cycle instead of
+# one of their own, up to this many at a time (a record stays allocated that much longer).
+_DEFER_BYTES: Final = 1 << 16
+_DEFER_COUNT: Final = 64
+_T = TypeVar("_T")
+_P = TypeVar("_P")
 
 
-class SharedMemoryPool:
+class SharedMemoryPool(LockedHeap):
     """A growable shared-memory heap addressed by integer handles, shared between processes.
 
     Build one with :meth:`create` (the owner, which unlinks the segment on :meth:`close`) or
@@ -124,6 +112,7 @@ class SharedMemoryPool:
         _creator: bool,
         _populate: bool,
         _size: int,
+        _sealed: bool = False,
     ) -> None:
         """Internal: use :meth:`create` or :meth:`attach`."""
         # Until __init__ completes the object owns nothing: the caller closes _map_fd if this
@@ -135,13 +124,17 @@ class SharedMemoryPool:
         self._map_fd = _map_fd
         self._creator = _creator
         self._populate = _populate
+        self._sealed = _sealed  # the segment cannot shrink (F_SEAL_SHRINK)
         # Re-entrant so that a reference dropped by a signal handler or a GC pass in the window
         # between acquiring the lock and recording the holder cannot deadlock (see _owner_died).
         self._tlock = threading.RLock()
         self._map_lock = threading.Lock()
         self._holder = 0
-        self._pending: list[int] = []
-        self._owners: dict[int, int] = {}  # token -> handle, for references held by views
+        self._pending: list[tuple[int, bool]] = []  # (token, restore) given back later
+        # token -> (handle, holder): the references held by views. The weak reference lets
+        # _sweep_locked give back what a holder's finaliser could not (an asynchronous
+        # exception can stop a finaliser before its first line).
+        self._owners: dict[int, tuple[int, weakref.ref[Held]]] = {}
         self._lock_fd = -1
         self._map = Mapping(_map_fd, _size, _populate, 0)
         # A second open file description used only for flock: mmap objects dup the mapping fd
@@ -151,6 +144,10 @@ class SharedMemoryPool:
         self._closed = False
         self._released = False
         _live_pools.add(self)
+        # Import the Tensor glue now rather than at the first save: a fork while another
+        # thread is inside that first import leaves the child waiting forever on the module's
+        # import lock (CPython does not reset module locks in the child).
+        importlib.import_module("pb_tensor.shm._tensors")
         # multiprocessing's fork children leave through os._exit, which skips atexit, and
         # clear the finalizers they inherit; this re-registers ours in each such child.
         mp_util.register_after_fork(self, _register_mp_exit)
@@ -165,6 +162,7 @@ class SharedMemoryPool:
         max_size: int | None = None,
         name: str | None = None,
         populate: bool = True,
+        sealed: bool | None = None,
     ) -> SharedMemoryPool:
         """Create a new pool of ``size`` bytes (rounded up to whole pages) under ``name``.
 
@@ -175,9 +173,18 @@ class SharedMemoryPool:
         The memory is reserved with ``posix_fallocate``, so exhaustion shows up here as an
         exception, never later as SIGBUS.
 
+        ``sealed`` (default: wherever Linux allows it) makes the segment impossible to shrink,
+        so no other process can turn this process's accesses into SIGBUS by truncating it: the
+        segment is then a sealed ``memfd`` that ``/dev/shm/<name>`` links to through this
+        process's ``/proc`` entry, and :meth:`attach` works while this process holds the pool
+        (processes attached before it exits keep working). ``sealed=False`` keeps a plain
+        ``/dev/shm`` file, attachable from other PID namespaces and after this process
+        exits; truncation is then detected before every access instead.
+
         Raises:
-            TritonModelException: a bad argument, a name already in use, or not enough room in
-                ``/dev/shm`` (the message gives the requested and available sizes).
+            TritonModelException: a bad argument, a name already in use, not enough room in
+                ``/dev/shm`` (the message gives the requested and available sizes), or
+                ``sealed=True`` where this system cannot seal segments.
         """
         size = positive_int(size, "Shared memory pool size")
         growth = round_up(positive_int(growth, "Shared memory pool growth"), PAGE)
@@ -192,9 +199,18 @@ class SharedMemoryPool:
                 f"Unable to initialize shared memory key '{name}' to requested size "
                 f"({size} bytes): the pool maximum is {max_size} bytes."
             )
-        fd = create_segment(name, size, growth, 0 if max_size is None else max_size)
+        if sealed is None:
+            sealed = sealing_supported()
+        elif sealed and not sealing_supported():
+            raise TritonModelException(
+                "Sealed shared memory pools need Linux with memfd_create, file seals and /proc"
+            )
+        fd = create_segment(name, size, growth, 0 if max_size is None else max_size, sealed)
         try:
-            return cls(_name=name, _map_fd=fd, _creator=True, _populate=populate, _size=size)
+            return cls(
+                _name=name, _map_fd=fd, _creator=True, _populate=populate, _size=size,
+                _sealed=sealed,
+            )  # fmt: skip
         except BaseException:
             os.close(fd)
             os.unlink(os.path.join(SHM_DIR, name))
@@ -211,7 +227,10 @@ class SharedMemoryPool:
         """
         fd, total = open_segment(check_name(name))
         try:
-            return cls(_name=name, _map_fd=fd, _creator=False, _populate=populate, _size=total)
+            return cls(
+                _name=name, _map_fd=fd, _creator=False, _populate=populate, _size=total,
+                _sealed=is_sealed(fd),
+            )  # fmt: skip
         except BaseException:
             os.close(fd)
             raise
@@ -225,6 +244,9 @@ class SharedMemoryPool:
         """
         if self._closed:
             return
+        if self._pending:  # views that died since the last operation
+            with contextlib.suppress(TritonModelException):
+                self._op(_nothing)
         self._closed = True
         if self._creator:
             with contextlib.suppress(FileNotFoundError):
@@ -270,9 +292,9 @@ class SharedMemoryPool:
         if self._released:
             return
         owners, self._owners = self._owners, {}
-        for handle in owners.values():
+        for handle, _ in owners.values():
             with contextlib.suppress(TritonModelException):
-                self._decref(handle, None)
+                self._op(self._drop_locked, handle, None, False, 0)
         self.close()
         self._release_resources()
 
@@ -325,16 +347,38 @@ class SharedMemoryPool:
         return self._closed
 
     @property
+    def sealed(self) -> bool:
+        """Whether the segment is sealed against shrinking (see :meth:`create`)."""
+        return self._sealed
+
+    @property
     def is_creator(self) -> bool:
         """Whether this object created the segment (and will unlink it)."""
         return self._creator
 
     # ---------------------------------------------------------------------------- mapping
+    def _check_file(self, m: Mapping) -> None:
+        """Refuse to touch the mapping if another process truncated the segment under it.
+
+        Every page of the mapping must still be backed by the file, or the first access would
+        be a SIGBUS. A sealed segment cannot shrink, so it skips the ``fstat``.
+        """
+        if self._sealed:
+            return
+        size = os.fstat(self._map_fd).st_size
+        if size < m.size:
+            raise TritonModelException(
+                f"Shared memory pool '{self._name}' was truncated by another process to "
+                f"{size} bytes while {m.size} bytes are in use; it can no longer be accessed "
+                "safely (views of it taken before may fault)"
+            )
+
     def _mapping(self) -> Mapping:
         """The current mapping, remapped first if any process grew the pool (one read)."""
         if self._closed:
             raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
         m = self._map
+        self._check_file(m)
         # Sizes only grow; a mapping ahead of the header is this process mid-growth.
         if heap.U64.unpack_from(m.mm, heap.OFF_TOTAL)[0] > m.size:
             m = self._remap()
@@ -359,51 +403,63 @@ class SharedMemoryPool:
             return new
 
     # ------------------------------------------------------------------------------ locking
-    def _acquire(self) -> Mapping:
-        """Take the pool lock; the mapping, caught up with growth that happened meanwhile."""
-        self._tlock.acquire()
-        if self._released:  # closed by another thread while we waited
-            self._tlock.release()
-            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-        outer = self._holder
-        self._holder = threading.get_ident()
-        try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        except BaseException:
-            self._holder = outer
-            self._tlock.release()
-            raise
-        m = self._map
-        # Another thread or process may have grown the heap while we waited: its free lists
-        # can point past our mapping.
-        if heap.U64.unpack_from(m.mm, heap.OFF_TOTAL)[0] > m.size:
-            try:
-                m = self._remap()
-            except BaseException:
-                self._release()
-                raise
-        return m
+    def _op(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run ``fn(mapping, *args)`` holding the pool lock; its result.
 
-    def _locked(self) -> Mapping:
-        """:meth:`_acquire` for public operations: refuses a closed pool first."""
+        Written so that an asynchronous exception (a signal handler raising, a MemoryError)
+        at any point leaves no lock held: the thread lock is taken by ``with`` (atomic with
+        entering the block), and the ``flock`` is dropped by the first call of ``finally``.
+        Each ``fn`` keeps the same rule for what it hands over (see :meth:`_take`).
+
+        Raises:
+            TritonModelException: the pool is closed or truncated, or this thread is already
+                inside an operation on it (a signal handler or finaliser re-entering).
+        """
+        with self._tlock:
+            if self._released:  # closed by another thread while we waited
+                raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
+            if self._holder:
+                # Only this thread can be here while _holder is set (the lock is ours): a
+                # signal handler or finaliser started an operation inside another one, whose
+                # heap changes may be half done.
+                raise TritonModelException(
+                    f"Shared memory pool '{self._name}': an operation was started from a "
+                    "signal handler or finaliser while this thread was inside another one"
+                )
+            try:
+                self._holder = _get_ident()
+                _flock(self._lock_fd, _LOCK_EX)
+                m = self._map
+                if not self._sealed:
+                    self._check_file(m)
+                # Another thread or process may have grown the heap while we waited: its free
+                # lists can point past our mapping.
+                if _u64_at(m.mm, heap.OFF_TOTAL)[0] > m.size:
+                    m = self._remap()
+                if self._pending:
+                    self._drain(m)
+                result = fn(m, *args)
+                if self._pending:
+                    self._drain(m)
+                return result
+            finally:
+                self._holder = 0
+                _flock(self._lock_fd, _LOCK_UN)
+
+    def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """:meth:`_op` for public operations: refuses a closed pool first."""
         if self._closed:
             raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-        return self._acquire()
+        return self._op(fn, *args)
 
-    def _release(self) -> None:
-        try:
-            # References dropped by this thread while it held the lock (a GC pass or a signal
-            # handler inside an operation) are given back here, at a safe point.
-            while self._pending:
-                handle = self._pending.pop()
-                with contextlib.suppress(TritonModelException):
-                    self._decref_locked(self._map, handle, None)
-        finally:
-            self._holder = 0
-            try:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            finally:
-                self._tlock.release()
+    def _drain(self, m: Mapping) -> None:
+        # References dropped by this thread while it held the lock (a GC pass or a signal
+        # handler inside an operation) are given back here, at a safe point.
+        pending = self._pending
+        while pending:
+            token, restore = pending.pop()
+            with contextlib.suppress(TritonModelException):
+                self._give_back_locked(m, token, restore)
 
     # --------------------------------------------------------------------------- allocation
     def allocate(self, nbytes: int) -> int:
@@ -418,74 +474,46 @@ class SharedMemoryPool:
                 ``/dev/shm`` ("Failed to increase the shared memory pool size to ..."); the
                 pool is unchanged then.
         """
-        return self._allocate(nbytes, heap.RAW)
+        cell = [0]
+        try:
+            self._allocate(nbytes, heap.RAW, 1, 0, cell, None)
+            handle = cell[0]
+            cell[0] = 0  # handed over: nothing that can raise until the return
+            return handle
+        finally:
+            if cell[0]:
+                self._op(self._drop_locked, cell[0], None, False, 0)
 
-    def _allocate(self, nbytes: int, state: int) -> int:
+    def _allocate(
+        self,
+        nbytes: int,
+        state: int,
+        refcount: int,
+        pending: int,
+        cell: list[int],
+        view: tuple[int, int] | None,
+    ) -> tuple[Mapping, Held | None]:
+        """Allocate under one lock cycle; the handle goes into ``cell[0]``.
+
+        ``refcount`` references, ``pending`` of them messages. With ``view`` (offset from the
+        data start, length), one of the references belongs to the returned holder of that
+        range (released when it and every view of it die); the others to whoever empties
+        ``cell``. Nothing leaks if this raises at any point: an allocation is either in
+        ``cell`` (and armed holder) or freed again.
+        """
         if isinstance(nbytes, bool) or not isinstance(nbytes, int):
             raise TritonModelException(
                 f"Allocation size must be an int, not {type(nbytes).__name__}"
             )
         if nbytes < 0:
             raise TritonModelException(f"Allocation size must be >= 0, got {nbytes}")
-        need = heap.block_size(nbytes)
-        m = self._locked()
-        try:
-            heap.check_heap(m.mm, m.size, self._name)
-            off = heap.find_fit(m.mm, need, m.size, self._name)
-            if off == 0:
-                m = self._grow(m, need, nbytes)
-                off = heap.find_fit(m.mm, need, m.size, self._name)
-            heap.allocate_block(m.mm, off, need, nbytes, state, m.size, self._name)
-        finally:
-            self._release()
-        return off + heap.BLOCK_HDR
-
-    def _grow(self, m: Mapping, need: int, nbytes: int) -> Mapping:
-        """Under the lock: extend the heap so a block of ``need`` bytes fits; the new mapping."""
-        mm = m.mm
-        total = int(heap.U64.unpack_from(mm, heap.OFF_TOTAL)[0])
-        growth = int(heap.U64.unpack_from(mm, heap.OFF_GROWTH)[0])
-        max_size = int(heap.U64.unpack_from(mm, heap.OFF_MAX)[0])
-        extra = need - heap.tail_free_size(mm, total)
-        new_total = extend_segment(self._map_fd, self._name, total, extra, growth, max_size, nbytes)
-        m = self._remap(new_total)
-        heap.extend(m.mm, total, new_total)
-        return m
+        if self._closed:
+            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
+        return self._op(
+            self._allocate_locked, nbytes, state, refcount, pending, cell, view, next(_tokens)
+        )
 
     # ------------------------------------------------------------------------ ref counting
-    def _check_block(self, m: Mapping, handle: int, want: int | None) -> tuple[int, int, int]:
-        """Validate the allocation at ``handle`` (lock held); its state, nbytes and count."""
-        if isinstance(handle, bool) or not isinstance(handle, int):
-            raise TritonModelException(
-                f"Shared memory handle must be an int, not {type(handle).__name__}"
-            )
-        off = handle - heap.BLOCK_HDR
-        if off < heap.HEADER_SIZE or off + heap.DATA > m.size or off % heap.ALIGN:
-            raise TritonModelException(
-                f"Shared memory handle {handle} is out of range for pool '{self._name}' "
-                f"({m.size} bytes)"
-            )
-        magic, state, size, _, nbytes, _, _, refcount = heap.BLOCK.unpack_from(m.mm, off)
-        if magic != heap.BLOCK_MAGIC or state >= heap.END:
-            raise TritonModelException(
-                f"Shared memory handle {handle} does not point at an allocation "
-                f"(block header magic 0x{magic:08x}, state {state})"
-            )
-        if state == heap.FREE or refcount == 0:
-            raise TritonModelException(f"Shared memory handle {handle} refers to freed memory")
-        if size < heap.DATA or size % heap.ALIGN or off + size > m.size - heap.ALIGN:
-            raise TritonModelException(
-                f"Shared memory handle {handle}: corrupted block size {size}"
-            )
-        if nbytes > size - heap.DATA:
-            raise TritonModelException(
-                f"Shared memory handle {handle}: corrupted allocation size {nbytes} in a "
-                f"{size}-byte block"
-            )
-        if want is not None and state != want:
-            kind = "a tensor record" if want == heap.RECORD else "a raw allocation"
-            raise TritonModelException(f"Shared memory handle {handle} is not {kind}")
-        return state, nbytes, refcount
 
     def incref(self, handle: int) -> None:
         """Add a reference to the allocation at ``handle``.
@@ -494,20 +522,16 @@ class SharedMemoryPool:
             TritonModelException: the handle is out of range, freed, not an allocation, or its
                 count would overflow; or the pool is closed.
         """
-        m = self._locked()
-        try:
-            self._incref_locked(m, handle, None)
-        finally:
-            self._release()
+        self._call(self._incref_locked, handle)
 
-    def _incref_locked(self, m: Mapping, handle: int, want: int | None) -> int:
-        _, nbytes, refcount = self._check_block(m, handle, want)
-        if refcount >= heap.MAX_REFCOUNT:
-            raise TritonModelException(
-                f"Shared memory handle {handle}: reference count overflow ({refcount})"
-            )
-        heap.U32.pack_into(m.mm, handle, refcount + 1)
-        return nbytes
+    def _untake(self, payload: npt.NDArray[np.uint8]) -> None:
+        """Undo a load that failed after it took its reference (``payload``: the record's
+        view): a taken message becomes pending again, another reference is dropped. No view
+        of the payload may be in use any more."""
+        holder = payload.base
+        if isinstance(holder, Held) and holder._token:
+            self._op(self._give_back_locked, holder._token, holder._message)
+            holder._token = 0
 
     def decref(self, handle: int) -> None:
         """Drop a reference to the allocation at ``handle``; free it when none is left.
@@ -516,38 +540,40 @@ class SharedMemoryPool:
             TritonModelException: the handle is out of range, freed or not an allocation, the
                 heap around it is corrupted, or the pool is closed.
         """
-        if self._closed:
-            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-        self._decref(handle, None)
+        self._call(self._drop_locked, handle, None, False, 0)
 
-    def _decref(self, handle: int, want: int | None) -> None:
-        if self._released:
-            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-        m = self._acquire()
-        try:
-            self._decref_locked(m, handle, want)
-        finally:
-            self._release()
+    def release(self, handle: int) -> None:
+        """Release a saved record that will not be loaded: drop one pending message.
 
-    def _decref_locked(self, m: Mapping, handle: int, want: int | None) -> None:
-        _, _, refcount = self._check_block(m, handle, want)
-        if refcount > 1:
-            heap.U32.pack_into(m.mm, handle, refcount - 1)
-            return
-        heap.check_heap(m.mm, m.size, self._name)
-        heap.free_block(m.mm, handle - heap.BLOCK_HDR, self._name)
+        Every save (:meth:`pb_tensor.Tensor.save_to_shared_memory`,
+        :func:`pb_tensor.shm.save_record`) hands out one message reference to its record; a
+        load through ``Tensor.load_from_shared_memory`` takes it over, and this gives it back
+        instead. The record is freed once nothing else uses it.
+
+        Raises:
+            TritonModelException: the handle is out of range, freed or not a tensor record,
+                the record has no pending message (every save was loaded or released
+                already), or the pool is closed.
+        """
+        self._call(self._drop_locked, handle, heap.RECORD, True, 0)
 
     def refcount(self, handle: int) -> int:
         """The current reference count of the allocation at ``handle`` (for diagnostics).
 
+        Pending messages count: a saved record that nothing loaded yet has count 1.
+
         Raises:
             TritonModelException: the handle is out of range, freed or not an allocation.
         """
-        m = self._locked()
-        try:
-            return self._check_block(m, handle, None)[2]
-        finally:
-            self._release()
+        return self._call(self._check_block, handle, None)[2]
+
+    def pending_messages(self, handle: int) -> int:
+        """How many saves of the record at ``handle`` were neither loaded nor released.
+
+        Raises:
+            TritonModelException: the handle is out of range, freed or not an allocation.
+        """
+        return self._call(self._check_block, handle, None)[3]
 
     def nbytes(self, handle: int) -> int:
         """The size requested for the allocation at ``handle``.
@@ -555,11 +581,7 @@ class SharedMemoryPool:
         Raises:
             TritonModelException: the handle is out of range, freed or not an allocation.
         """
-        m = self._locked()
-        try:
-            return self._check_block(m, handle, None)[1]
-        finally:
-            self._release()
+        return self._call(self._check_block, handle, None)[1]
 
     # --------------------------------------------------------------------------------- views
     def view(self, handle: int, *, hold: bool = False) -> npt.NDArray[np.uint8]:
@@ -572,49 +594,46 @@ class SharedMemoryPool:
         Raises:
             TritonModelException: the handle is out of range, freed or not an allocation.
         """
-        m = self._locked()
-        try:
-            if hold:
-                nbytes = self._incref_locked(m, handle, None)
-            else:
-                nbytes = self._check_block(m, handle, None)[1]
-        finally:
-            self._release()
         if hold:
-            return self._owned_view(m, handle, handle + heap.PREFIX, nbytes, False)
+            holder = self._hold(handle, None, False, _whole)[1]
+            view: npt.NDArray[np.uint8] = ndview(holder, np.ndarray)
+            return view
+        m, nbytes = self._call(self._plain_view_locked, handle)
         return m.base[handle + heap.PREFIX : handle + heap.PREFIX + nbytes]
 
-    def _owned_view(
-        self, m: Mapping, handle: int, offset: int, length: int, readonly: bool
-    ) -> npt.NDArray[np.uint8]:
-        """Wrap a reference already taken on ``handle`` in a view that gives it back."""
-        owner = _Owner()
-        owner._pool = self
-        owner._handle = handle
-        owner._mapping = m
-        token = next(_tokens)
-        owner._token = token
-        owner.__array_interface__ = {
-            "shape": (length,),
-            "typestr": "|u1",
-            "data": (m.addr + offset, readonly),
-            "version": 3,
-        }
-        self._owners[token] = handle
-        return cast("npt.NDArray[np.uint8]", np.asarray(owner))
+    def _hold(
+        self,
+        handle: int,
+        want: int | None,
+        message: bool,
+        parse: Callable[[Mapping, int, int], tuple[_P, int, int]],
+    ) -> tuple[_P, Held]:
+        """Take a reference to ``handle`` in one lock cycle, for a holder of a range of it.
 
-    def _owner_died(self, token: int) -> None:
-        handle = self._owners.pop(token, None)
-        if handle is None or self._released:
+        ``parse(mapping, handle, nbytes)`` runs first under the lock and returns ``(result,
+        offset, length)``: the holder covers ``length`` bytes at ``offset`` from the data
+        start. Nothing is taken when it raises. With ``message`` a pending message is taken
+        over when there is one (see :meth:`_take`).
+        """
+        if self._closed:
+            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
+        return self._op(self._hold_locked, handle, want, message, parse, next(_tokens))
+
+    def _owner_died(self, token: int, restore: bool, nbytes: int) -> None:
+        if self._released or token not in self._owners:
             return
-        if self._holder == threading.get_ident():
-            self._pending.append(handle)
+        if self._holder == _get_ident() or (
+            nbytes <= _DEFER_BYTES and len(self._pending) < _DEFER_COUNT and not self._closed
+        ):
+            # Inside an operation of this thread (a GC pass or a signal handler), or a small
+            # view: give the reference back under the next lock cycle of this process (each
+            # operation starts by draining these), not in a lock cycle of its own. Appending
+            # is one call: nothing can interrupt it half-way.
+            self._pending.append((token, restore))
             return
-        m = self._acquire()
         try:
-            self._decref_locked(m, handle, None)
+            self._op(self._give_back_locked, token, restore)
         finally:
-            self._release()
             if self._closed and not self._owners:
                 self._release_resources()
 
@@ -622,16 +641,22 @@ class SharedMemoryPool:
     def stats(self) -> PoolStats:
         """Walk the heap, check it (block headers, boundary tags, free lists, counters).
 
+        ``unloaded_records`` / ``unloaded_handles`` list the records saved and neither loaded
+        nor released yet (a receiver that never came, or a leak).
+
         Raises:
             TritonModelException: the heap is inconsistent (the message says where), or the
                 pool is closed.
         """
-        m = self._locked()
-        try:
-            heap.check_heap(m.mm, m.size, self._name)
-            return heap.walk(m.mm, m.size, self._name, repair=False)
-        finally:
-            self._release()
+        return self._call(self._stats_locked)
+
+
+def _nothing(m: Mapping) -> None:
+    return None
+
+
+def _whole(m: Mapping, handle: int, nbytes: int) -> tuple[None, int, int]:
+    return None, 0, nbytes
 
 
 def _register_mp_exit(pool: SharedMemoryPool) -> None:

@@ -4,13 +4,24 @@ Segments are files under ``/dev/shm`` opened with ``os.open``, which is what ``s
 on Linux. :class:`multiprocessing.shared_memory.SharedMemory` is not used on purpose: it
 registers every segment with ``multiprocessing``'s ``resource_tracker``, which unlinks
 segments other processes still use (cpython#82300; ``track=False`` exists only from 3.13).
+
+*Sealed* segments cannot shrink: a process that truncates a segment under the others' mappings
+makes their next access a SIGBUS, and only a file seal (``F_SEAL_SHRINK``, on a ``memfd``)
+makes truncation impossible. ``tmpfs`` files under ``/dev/shm`` cannot be sealed, so a sealed
+segment is a ``memfd`` published by name as a symbolic link ``/dev/shm/<name>`` ->
+``/proc/<creator pid>/fd/<fd>``: opening the name opens the memfd, for as long as the creator
+holds it. Attaching checks that the link still leads to the memfd of that name (not to a
+descriptor of an unrelated process that reused the pid).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import fcntl
 import mmap
 import os
+import re
 import secrets
 import stat
 import sys
@@ -35,6 +46,17 @@ _MAP_POPULATE: Final = int(getattr(mmap, "MAP_POPULATE", 0))
 # it; older kernels answer EINVAL and the pages fault in on first touch instead.
 _MADV_POPULATE_WRITE: Final = 23
 _NAME_MAX: Final = 200  # leaves room for the temporary ".<name>.<token>" under NAME_MAX (255)
+_MEMFD_PREFIX: Final = "pb_tensor:"
+_F_ADD_SEALS: Final = int(getattr(fcntl, "F_ADD_SEALS", 0))
+_F_GET_SEALS: Final = int(getattr(fcntl, "F_GET_SEALS", 0))
+_F_SEAL_SHRINK: Final = int(getattr(fcntl, "F_SEAL_SHRINK", 0))
+_F_SEAL_SEAL: Final = int(getattr(fcntl, "F_SEAL_SEAL", 0))
+_PROC_FD = re.compile(r"/proc/([0-9]+)/fd/([0-9]+)")
+
+
+def sealing_supported() -> bool:
+    """Whether this system can make sealed segments (Linux: memfd, seals and ``/proc``)."""
+    return bool(_F_ADD_SEALS and hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"))
 
 
 def round_up(value: int, step: int) -> int:
@@ -84,11 +106,12 @@ def positive_int(value: object, what: str) -> int:
     return value
 
 
-def create_segment(name: str, size: int, growth: int, max_size: int) -> int:
+def create_segment(name: str, size: int, growth: int, max_size: int, sealed: bool) -> int:
     """Create and initialise segment ``name`` of ``size`` bytes; its descriptor.
 
-    The segment is built under a temporary name and linked into place once initialised, so an
-    attacher never sees a half-written header (``os.link`` also fails if the name exists).
+    The segment is built under a temporary name (or as an anonymous memfd when ``sealed``)
+    and linked into place once initialised, so an attacher never sees a half-written header
+    (the link also fails if the name exists).
 
     Raises:
         TritonModelException: ``/dev/shm`` lacks the room (requested and available sizes in
@@ -100,6 +123,8 @@ def create_segment(name: str, size: int, growth: int, max_size: int) -> int:
             f"Unable to initialize shared memory key '{name}' to requested size ({size} "
             f"bytes): only {available} bytes are available in {SHM_DIR}. " + DOCKER_HINT
         )
+    if sealed:
+        return _create_sealed(name, size, growth, max_size)
     path = os.path.join(SHM_DIR, name)
     tmp = os.path.join(SHM_DIR, f".{name}.{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -122,6 +147,63 @@ def create_segment(name: str, size: int, growth: int, max_size: int) -> int:
     finally:
         os.unlink(tmp)
     return fd
+
+
+def _create_sealed(name: str, size: int, growth: int, max_size: int) -> int:
+    fd = os.memfd_create(_MEMFD_PREFIX + name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            raise TritonModelException(
+                f"Unable to initialize shared memory key '{name}' to requested size ({size} "
+                f"bytes): {exc.strerror}. " + DOCKER_HINT
+            ) from exc
+        heap.init_heap(fd, size, growth, max_size)
+        # F_SEAL_SEAL too: nobody may add F_SEAL_GROW or F_SEAL_WRITE later.
+        fcntl.fcntl(fd, _F_ADD_SEALS, _F_SEAL_SHRINK | _F_SEAL_SEAL)
+        _publish(name, f"/proc/{os.getpid()}/fd/{fd}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _publish(name: str, target: str) -> None:
+    path = os.path.join(SHM_DIR, name)
+    try:
+        os.symlink(target, path)
+    except FileExistsError:
+        # A link left by a creator that died without unlinking it can be replaced.
+        if not os.path.islink(path) or _sealed_target(name, os.readlink(path)) is not None:
+            raise TritonModelException(f"Shared memory pool '{name}' already exists") from None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        try:
+            os.symlink(target, path)
+        except FileExistsError:
+            raise TritonModelException(f"Shared memory pool '{name}' already exists") from None
+
+
+def _sealed_target(name: str, target: str) -> str | None:
+    """``target`` if it is the live memfd of sealed pool ``name``, else ``None``."""
+    if _PROC_FD.fullmatch(target) is None:
+        return None
+    try:
+        link = os.readlink(target)
+    except OSError:
+        return None
+    return target if link == f"/memfd:{_MEMFD_PREFIX}{name} (deleted)" else None
+
+
+def is_sealed(fd: int) -> bool:
+    """Whether the file behind ``fd`` can no longer shrink."""
+    if not _F_GET_SEALS:
+        return False
+    try:
+        return bool(fcntl.fcntl(fd, _F_GET_SEALS) & _F_SEAL_SHRINK)
+    except OSError:  # not a memfd: no seals
+        return False
 
 
 def extend_segment(
@@ -176,7 +258,22 @@ def open_segment(name: str) -> tuple[int, int]:
     """
     path = os.path.join(SHM_DIR, name)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        if os.path.islink(path):  # a sealed pool: the link leads to the creator's memfd
+            target = os.readlink(path)
+            found = _sealed_target(name, target)
+            if found is None:
+                match = _PROC_FD.fullmatch(target)
+                if match is None:
+                    raise TritonModelException(f"'{name}' is not a pb_tensor shared memory pool")
+                raise TritonModelException(
+                    f"Unable to attach to shared memory pool '{name}': its creator (pid "
+                    f"{match[1]}) has exited or does not let this process open its "
+                    "descriptors (a sealed pool is reached through the creator's /proc entry; "
+                    "create it with sealed=False to share it across PID namespaces)"
+                )
+            fd = os.open(found, os.O_RDWR | os.O_CLOEXEC)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise TritonModelException(f"Unable to find shared memory pool '{name}'") from None
     except OSError as exc:
@@ -237,7 +334,7 @@ class Mapping:
     mapping lives, and stays mapped, exactly as long as something can still read it.
     """
 
-    __slots__ = ("addr", "base", "mm", "size")
+    __slots__ = ("addr", "base", "mm", "mv", "size")
 
     def __init__(self, fd: int, size: int, populate: bool, populate_from: int) -> None:
         flags = mmap.MAP_SHARED
@@ -257,5 +354,9 @@ class Mapping:
         # A uint8 array over the whole mapping: a buffer export that keeps the mmap open while
         # any view references this object, and the base address for owned views.
         self.base: npt.NDArray[np.uint8] = np.frombuffer(self.mm, dtype=np.uint8)
-        self.addr: int = int(self.base.__array_interface__["data"][0])
+        # (Not base.__array_interface__: numpy crashes building it when an allocation fails.)
+        self.addr: int = ctypes.addressof(ctypes.c_char.from_buffer(self.mm))
+        # The buffer owned views are built on: a memoryview is not an ndarray, so numpy stops
+        # collapsing a view's base chain at the owner built on it (see _pool._Held).
+        self.mv = memoryview(self.mm)
         self.size = size

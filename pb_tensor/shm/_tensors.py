@@ -7,6 +7,7 @@ factory of blank tensors), so this module never imports the Tensor class at run 
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -39,35 +40,74 @@ def _wrap(owner: object, data: int, dims: tuple[int, ...], dtype: TritonDtype,
     return dl.from_dlpack(exporter)
 
 
+# Saves of one tensor are serialised (by a lock chosen from its id): two threads saving the
+# same tensor must not both copy it, nor swap its data under each other. Striped, so that
+# unrelated tensors rarely wait for each other's copy.
+_STRIPES = 64
+_save_locks = [threading.Lock() for _ in range(_STRIPES)]
+
+
+def _reinit_locks() -> None:
+    # A fork while another thread held a stripe would leave it locked forever in the child.
+    _save_locks[:] = [threading.Lock() for _ in range(_STRIPES)]
+
+
+os.register_at_fork(after_in_child=_reinit_locks)
+
+
 def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
-    """Copy ``tensor`` into ``pool`` (once) and point the tensor at the pool's copy."""
-    state = tensor._shm
-    if state is not None and state[0] is pool:
-        return int(state[1])
+    """Copy ``tensor`` into ``pool`` (once) and point the tensor at the pool's copy.
+
+    Each call hands out one message on the record (see :func:`pb_tensor.shm.save_record`):
+    the first copies the data; later calls (and saves of a tensor loaded from ``pool``)
+    only add a message to the same record.
+    """
+    # The message is ours until the handle is returned: `cell` holds it from the moment it
+    # exists, and anything raised on the way (a signal handler, MemoryError) gives it back.
+    cell = [0]
+    try:
+        state = tensor._shm
+        if state is not None and state[0] is pool:
+            pool._call(pool._add_message_locked, int(state[1]), cell)
+        else:
+            with _save_locks[id(tensor) % _STRIPES]:
+                state = tensor._shm
+                if state is not None and state[0] is pool:
+                    pool._call(pool._add_message_locked, int(state[1]), cell)
+                else:
+                    _save_locked(tensor, pool, cell)
+        handle = cell[0]
+        cell[0] = 0  # handed over: nothing that can raise until the return
+        return handle
+    finally:
+        if cell[0]:
+            pool.release(cell[0])
+
+
+def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
     dtype = tensor._dtype
     dims = tensor._dims
     if tensor._memory_type == MemoryType.GPU:
-        return _save_gpu(tensor, pool)
+        _save_gpu(tensor, pool, cell)
+        return
     payload = _host_payload(tensor)
     # Pinned data lands in ordinary shared memory: the copy is plain CPU memory (as Triton's
     # server maps pinned buffers to CPU shared memory).
-    handle = shm.save_record(
+    # One lock cycle: the record is born with the message reference (for the handle) and the
+    # saver's own (held by the payload view, that is by the tensor's data from now on).
+    record = shm.save_and_load_record(
         pool, name=tensor._name, dtype=int(dtype), dims=dims,
         memory_type=int(MemoryType.CPU), memory_type_id=0,
-        payload=payload, byte_size=int(payload.nbytes),
-    )
-    # From now on the tensor's data is the pool's copy; the record's reference taken by the load
-    # lives as long as that data, so the saver's own reference can go.
-    record = shm.load_record(pool, handle)
-    shm.release(pool, handle)
+        payload=payload, byte_size=int(payload.nbytes), appendix=_length_index(tensor),
+    )  # fmt: skip
+    cell[0] = record.handle  # no call since the save returned: nothing could interrupt
     _adopt(tensor, record)
     tensor._memory_type = MemoryType.CPU
     tensor._memory_id = 0
-    tensor._shm = (pool, handle, record.payload)
-    return handle
+    tensor._shm = (pool, record.handle, record.payload)
 
 
-def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
+def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
     """Record the CUDA IPC handle of the tensor's allocation and the pointer's offset in it
     (upstream's layout); the data stays in device memory. No CUDA call for an empty tensor."""
     state = tensor._shm
@@ -82,20 +122,18 @@ def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
         from pb_tensor import cuda
 
         ipc_handle, offset = cuda.ipc_export(tensor.data_ptr, byte_size, device=device)
-    handle = shm.save_record(
+    # As for CPU data: the tensor holds the record (the device memory must outlive every
+    # reader), beside the message reference of the handle.
+    record = shm.save_and_load_record(
         pool, name=tensor._name, dtype=int(tensor._dtype), dims=tensor._dims,
         memory_type=int(MemoryType.GPU), memory_type_id=device, payload=None,
         byte_size=byte_size, gpu_pointer_offset=offset, ipc_handle=ipc_handle,
     )  # fmt: skip
-    # As for CPU data: the tensor holds the record (the device memory must outlive every
-    # reader), and the saver's own reference goes.
-    record = shm.load_record(pool, handle)
-    shm.release(pool, handle)
-    tensor._shm = (pool, handle, record)
+    cell[0] = record.handle  # no call since the save returned: nothing could interrupt
+    tensor._shm = (pool, record.handle, record)
     key = (os.getpid(), ipc_handle, offset)
     if byte_size and key not in _saved_here:
         _saved_here[key] = tensor
-    return handle
 
 
 def _open_gpu(record: shm.TensorRecord, dtype: TritonDtype) -> dl.DLPackTensor:
@@ -125,6 +163,12 @@ def _open_gpu(record: shm.TensorRecord, dtype: TritonDtype) -> dl.DLPackTensor:
     mapping = cuda.ipc_import(ipc_handle or bytes(cuda.IPC_HANDLE_SIZE), offset,
                               record.byte_size, device=record.memory_type_id)
     return _wrap((mapping, record), mapping.ptr, record.dims, dtype, device)
+
+
+def _length_index(tensor: Tensor) -> bytes | None:
+    """A BYTES tensor's element lengths, stored after its payload so loads skip the walk."""
+    lengths = tensor._lengths
+    return None if lengths is None else bytes_codec.length_index(lengths)
 
 
 def _host_payload(tensor: Tensor) -> np.ndarray[Any, Any]:
@@ -166,7 +210,22 @@ def load_tensor(
     """A Tensor viewing the record at ``handle``; GPU records open the CUDA IPC handle.
 
     ``blank(name, dtype, dims, memory_type, memory_type_id)`` makes a tensor with no data yet."""
-    record = shm.load_record(pool, handle)
+    record = shm.load_record(pool, handle, take=True)
+    try:
+        return _build(pool, handle, record, blank)
+    except BaseException:
+        # A failed (or interrupted) load leaves the record as it found it: the message it
+        # took is pending again, for another load or a release.
+        pool._untake(record.payload)
+        raise
+
+
+def _build(
+    pool: shm.SharedMemoryPool,
+    handle: int,
+    record: shm.TensorRecord,
+    blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
+) -> Tensor:
     try:
         dtype = TritonDtype(record.dtype)
         memory_type = MemoryType(record.memory_type)
@@ -175,6 +234,11 @@ def load_tensor(
             f"Corrupted tensor record at shared memory handle {handle}: "
             f"dtype {record.dtype} / memory_type {record.memory_type} unknown"
         ) from None
+    if dtype == TritonDtype.TYPE_INVALID:
+        raise TritonModelException(
+            f"Corrupted tensor record at shared memory handle {handle}: dtype 0 (TYPE_INVALID) "
+            "cannot be loaded as a tensor"
+        )
     tensor = blank(record.name, dtype, record.dims, memory_type, record.memory_type_id)
     if memory_type == MemoryType.GPU:
         tensor._dl = _open_gpu(record, dtype)
@@ -186,7 +250,16 @@ def load_tensor(
         for n in record.dims:
             count *= n
         tensor._serialized = record.payload
-        tensor._array = bytes_codec.deserialize(record.payload, count).reshape(record.dims)
+        # Few elements are walked faster than an index is read and checked.
+        index = shm.load_appendix(pool, record) if count > bytes_codec.INDEX_MIN_ELEMENTS else None
+        try:
+            tensor._array = bytes_codec.deserialize(record.payload, count, index=index).reshape(
+                record.dims
+            )
+        except (TritonModelException, ValueError) as exc:
+            raise TritonModelException(
+                f"Corrupted tensor record at shared memory handle {handle}: BYTES payload {exc}"
+            ) from None
         return tensor
     _adopt(tensor, record)
     return tensor

@@ -1,0 +1,381 @@
+"""What runs under the pool lock: allocation, reference counts, messages, holders (private).
+
+:class:`LockedHeap` is the half of :class:`pb_tensor.shm._pool.SharedMemoryPool` whose methods
+run with the pool lock held (the pool's ``_op`` takes it and passes the current mapping); the
+other half (lifecycle, mapping, locking, the public methods) is in :mod:`pb_tensor.shm._pool`.
+
+Every method that hands a reference or an allocation over writes shared memory in one call and
+records the new owner right after it with no call in between, so that an asynchronous exception
+(a signal handler raising, a MemoryError) cannot separate the two; where it still can (at the
+end of that one call) an ``except`` clause, still under the lock, undoes or completes the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import numpy as np
+
+from pb_tensor.errors import TritonModelException
+from pb_tensor.shm import _heap as heap
+from pb_tensor.shm._heap import PoolStats
+from pb_tensor.shm._segment import Mapping, extend_segment
+
+if TYPE_CHECKING:
+    from pb_tensor.shm._pool import SharedMemoryPool
+
+__all__ = ["SWEEP_EVERY", "U8", "Held", "LockedHeap", "ndnew", "ndview"]
+
+SWEEP_EVERY: Final = 1023  # look for views that died without giving back every 1024 holds
+_P = TypeVar("_P")
+
+
+U8: Final = np.dtype(np.uint8)
+ndnew: Final = np.ndarray.__new__
+ndview: Final = np.ndarray.view
+
+
+class Held(np.ndarray[Any, np.dtype[np.uint8]]):
+    """The base of every view that holds a reference: dropping the last view drops the ref.
+
+    An ndarray subclass built straight on the mapping's memoryview (0.4 us, against 2 us for
+    an ``__array_interface__`` owner): numpy stops collapsing a view's base chain at an object
+    of another type, so every array derived from the plain view returned to the caller keeps
+    this one, and with it the reference, alive. ``_token`` is 0 until the reference is really
+    taken: a holder dropped before that gives nothing back.
+    """
+
+    __slots__ = ("_claimed", "_handle", "_message", "_pool", "_token")
+
+    _pool: SharedMemoryPool
+    _token: int
+    _handle: int
+    _message: bool  # the reference is a message taken over by a load ...
+    _claimed: bool  # ... and that load returned: dying gives the message back unless so
+
+    def __del__(self) -> None:
+        # Never raise an error from a finaliser (a corrupted header is reported by the next
+        # explicit operation), and look up no module global: this may run during interpreter
+        # shutdown. An asynchronous exception (a signal handler raising) can land anywhere in
+        # here, even before the first line of _owner_died runs: the give-back is retried until
+        # it has happened (it is exact under the lock), then the exception goes on.
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                if self._token:
+                    self._pool._owner_died(
+                        self._token, self._message and not self._claimed, self.nbytes
+                    )
+                break
+            except Exception:
+                break
+            except BaseException as exc:  # KeyboardInterrupt and friends: retry, then raise
+                interrupted = exc
+        if interrupted is not None:
+            raise interrupted
+
+    def __repr__(self) -> str:
+        try:
+            return (
+                f"<pb_tensor shared-memory allocation {self._handle} in pool {self._pool.name!r}>"
+            )
+        except AttributeError:  # not set up: the plain array repr
+            return super().__repr__()
+
+
+class LockedHeap:
+    """The pool's operations under its lock (mixed into ``SharedMemoryPool``)."""
+
+    _name: str
+    _map_fd: int
+    _owners: dict[int, tuple[int, weakref.ref[Held]]]
+
+    def _remap(self, at_least: int = 0) -> Mapping:
+        raise NotImplementedError  # SharedMemoryPool's
+
+    def _allocate_locked(
+        self,
+        m: Mapping,
+        nbytes: int,
+        state: int,
+        refcount: int,
+        pending: int,
+        cell: list[int],
+        view: tuple[int, int] | None,
+        token: int,
+    ) -> tuple[Mapping, Held | None]:
+        if not token & SWEEP_EVERY:
+            self._sweep_locked(m)  # first: it may free blocks
+        need = heap.block_size(nbytes)
+        heap.check_heap(m.mm, m.size, self._name)
+        off = heap.find_fit(m.mm, need, m.size, self._name)
+        if off == 0:
+            m = self._grow(m, need, nbytes)
+            off = heap.find_fit(m.mm, need, m.size, self._name)
+        handle = off + heap.BLOCK_HDR
+        holder: Held | None = None
+        if view is not None:
+            holder = ndnew(Held, (view[1],), U8, m.mv, handle + heap.PREFIX + view[0])
+            holder._pool = self
+            holder._handle = handle
+            holder._message = False
+            holder._claimed = True
+            holder._token = 0
+        alive = weakref.ref(holder) if holder is not None else None
+        try:
+            heap.allocate_block(
+                m.mm, off, need, nbytes, state, m.size, self._name, refcount, pending
+            )
+            if holder is not None and alive is not None:
+                self._owners[token] = (handle, alive)
+                holder._token = token
+            cell[0] = handle
+        except BaseException:
+            if cell[0] != handle:
+                self._undo_allocation(m, handle, state, refcount, pending, token, holder)
+            raise
+        return m, holder
+
+    def _undo_allocation(
+        self,
+        m: Mapping,
+        handle: int,
+        state: int,
+        refcount: int,
+        pending: int,
+        token: int,
+        holder: Held | None,
+    ) -> None:
+        """After an exception inside :meth:`_allocate_locked` (lock held): free the block if
+        the allocation completed, so that the exception leaks nothing."""
+        if holder is not None:
+            holder._token = 0
+        self._owners.pop(token, None)
+        heap.check_heap(m.mm, m.size, self._name)  # repairs a mutation cut short
+        fields = heap.BLOCK_REF.unpack_from(m.mm, handle - heap.BLOCK_HDR)
+        if fields[1] == state and fields[7:] == (refcount, pending):
+            heap.free_block(m.mm, handle - heap.BLOCK_HDR, self._name)
+
+    def _grow(self, m: Mapping, need: int, nbytes: int) -> Mapping:
+        """Under the lock: extend the heap so a block of ``need`` bytes fits; the new mapping."""
+        mm = m.mm
+        total = int(heap.U64.unpack_from(mm, heap.OFF_TOTAL)[0])
+        growth = int(heap.U64.unpack_from(mm, heap.OFF_GROWTH)[0])
+        max_size = int(heap.U64.unpack_from(mm, heap.OFF_MAX)[0])
+        extra = need - heap.tail_free_size(mm, total)
+        new_total = extend_segment(self._map_fd, self._name, total, extra, growth, max_size, nbytes)
+        m = self._remap(new_total)
+        heap.extend(m.mm, total, new_total)
+        return m
+
+    def _check_block(self, m: Mapping, handle: int, want: int | None) -> tuple[int, int, int, int]:
+        """Validate the allocation at ``handle`` (lock held): state, nbytes, count, messages."""
+        if isinstance(handle, bool) or not isinstance(handle, int):
+            raise TritonModelException(
+                f"Shared memory handle must be an int, not {type(handle).__name__}"
+            )
+        off = handle - heap.BLOCK_HDR
+        if off < heap.HEADER_SIZE or off + heap.DATA > m.size or off % heap.ALIGN:
+            raise TritonModelException(
+                f"Shared memory handle {handle} is out of range for pool '{self._name}' "
+                f"({m.size} bytes)"
+            )
+        magic, state, size, _, nbytes, _, _, refcount, pending = heap.BLOCK_REF.unpack_from(
+            m.mm, off
+        )
+        if magic != heap.BLOCK_MAGIC or state >= heap.END:
+            raise TritonModelException(
+                f"Shared memory handle {handle} does not point at an allocation "
+                f"(block header magic 0x{magic:08x}, state {state})"
+            )
+        if state == heap.FREE or refcount == 0:
+            raise TritonModelException(f"Shared memory handle {handle} refers to freed memory")
+        if size < heap.DATA or size % heap.ALIGN or off + size > m.size - heap.ALIGN:
+            raise TritonModelException(
+                f"Shared memory handle {handle}: corrupted block size {size}"
+            )
+        if nbytes > size - heap.DATA:
+            raise TritonModelException(
+                f"Shared memory handle {handle}: corrupted allocation size {nbytes} in a "
+                f"{size}-byte block"
+            )
+        if pending > refcount:
+            raise TritonModelException(
+                f"Shared memory handle {handle}: corrupted reference count {refcount} with "
+                f"{pending} pending messages"
+            )
+        if want is not None and state != want:
+            kind = "a tensor record" if want == heap.RECORD else "a raw allocation"
+            raise TritonModelException(f"Shared memory handle {handle} is not {kind}")
+        return state, nbytes, refcount, pending
+
+    def _incref_locked(self, m: Mapping, handle: int) -> None:
+        _, _, refcount, pending = self._check_block(m, handle, None)
+        if refcount >= heap.MAX_REFCOUNT:
+            raise TritonModelException(
+                f"Shared memory handle {handle}: reference count overflow ({refcount})"
+            )
+        heap.REF.pack_into(m.mm, handle, refcount + 1, pending)
+
+    def _take(
+        self,
+        m: Mapping,
+        handle: int,
+        holder: Held,
+        token: int,
+        message: bool,
+        refcount: int,
+        pending: int,
+    ) -> None:
+        """Give ``holder`` a reference (lock held, block checked): a pending message when
+        ``message`` and there is one (the loader takes it over), else a new one.
+
+        The count changes in one write and the holder is armed right after, with no call in
+        between that could raise; if an exception comes in between all the same (a signal
+        at the end of the write), the write is undone before the lock is released.
+        """
+        holder._message = bool(message and pending)
+        if holder._message:
+            new = (refcount, pending - 1)
+        elif refcount >= heap.MAX_REFCOUNT:
+            raise TritonModelException(
+                f"Shared memory handle {handle}: reference count overflow ({refcount})"
+            )
+        else:
+            new = (refcount + 1, pending)
+        alive = weakref.ref(holder)
+        try:
+            heap.REF.pack_into(m.mm, handle, *new)
+            self._owners[token] = (handle, alive)
+            holder._token = token
+        except BaseException:
+            if not holder._token and heap.REF.unpack_from(m.mm, handle) == new:
+                self._owners.pop(token, None)
+                heap.REF.pack_into(m.mm, handle, refcount, pending)
+            raise
+
+    def _add_message_locked(self, m: Mapping, handle: int, cell: list[int]) -> None:
+        """One more message on a record (a second save of the same tensor), handed to
+        ``cell[0]`` in the same step as written (as :meth:`_take`). Lock held."""
+        _, _, refcount, pending = self._check_block(m, handle, heap.RECORD)
+        if refcount >= heap.MAX_REFCOUNT:
+            raise TritonModelException(
+                f"Shared memory handle {handle}: reference count overflow ({refcount})"
+            )
+        new = (refcount + 1, pending + 1)
+        try:
+            heap.REF.pack_into(m.mm, handle, *new)
+            cell[0] = handle
+        except BaseException:
+            if cell[0] != handle and heap.REF.unpack_from(m.mm, handle) == new:
+                heap.REF.pack_into(m.mm, handle, refcount, pending)
+            raise
+
+    def _give_back_locked(self, m: Mapping, token: int, restore: bool) -> None:
+        """Give back the reference held under ``token`` (lock held): dropped, or with
+        ``restore`` turned back into a pending message (a load that did not complete)."""
+        entry = self._owners.get(token)
+        if entry is None:
+            return
+        handle = entry[0]
+        try:
+            if not restore:
+                self._drop_locked(m, handle, None, False, token)
+                return
+            _, _, refcount, pending = self._check_block(m, handle, heap.RECORD)
+            new = (refcount, pending + 1)
+            try:
+                heap.REF.pack_into(m.mm, handle, *new)
+                del self._owners[token]
+            except BaseException:
+                if token in self._owners:
+                    if heap.REF.unpack_from(m.mm, handle) != new:
+                        heap.REF.pack_into(m.mm, handle, *new)
+                    del self._owners[token]
+                raise
+        except TritonModelException:
+            self._owners.pop(token, None)  # a corrupted block: nothing to give back to
+            raise
+
+    def _drop_locked(
+        self, m: Mapping, handle: int, want: int | None, message: bool, token: int
+    ) -> None:
+        """Drop one reference (a pending message with ``message``; the one ``token`` held,
+        if given); free the block with the last one. Lock held.
+
+        Once the block is found valid the drop is completed even if an asynchronous exception
+        cuts it short (nobody would retry it: a finaliser or an interrupted release).
+        """
+        _, _, refcount, pending = self._check_block(m, handle, want)
+        if message and not pending:
+            raise TritonModelException(
+                f"Shared memory handle {handle} has no pending message: every save of it was "
+                "loaded or released already"
+            )
+        new_pending = pending - 1 if message else min(pending, refcount - 1)
+        try:
+            if refcount > 1:
+                heap.REF.pack_into(m.mm, handle, refcount - 1, new_pending)
+            else:
+                heap.check_heap(m.mm, m.size, self._name)
+                heap.free_block(m.mm, handle - heap.BLOCK_HDR, self._name)
+            if token:
+                del self._owners[token]
+        except TritonModelException:
+            raise
+        except BaseException:
+            self._finish_drop(m, handle, refcount, new_pending, token)
+            raise
+
+    def _finish_drop(
+        self, m: Mapping, handle: int, refcount: int, new_pending: int, token: int
+    ) -> None:
+        off = handle - heap.BLOCK_HDR
+        heap.check_heap(m.mm, m.size, self._name)  # repairs a free cut short
+        if refcount > 1:
+            if heap.REF.unpack_from(m.mm, handle) != (refcount - 1, new_pending):
+                heap.REF.pack_into(m.mm, handle, refcount - 1, new_pending)
+        elif heap.U32.unpack_from(m.mm, off + heap.OFF_STATE)[0] != heap.FREE:
+            heap.free_block(m.mm, off, self._name)
+        if token:
+            self._owners.pop(token, None)
+
+    def _plain_view_locked(self, m: Mapping, handle: int) -> tuple[Mapping, int]:
+        return m, self._check_block(m, handle, None)[1]
+
+    def _hold_locked(
+        self,
+        m: Mapping,
+        handle: int,
+        want: int | None,
+        message: bool,
+        parse: Callable[[Mapping, int, int], tuple[_P, int, int]],
+        token: int,
+    ) -> tuple[_P, Held]:
+        if not token & SWEEP_EVERY:
+            self._sweep_locked(m)
+        _, nbytes, refcount, pending = self._check_block(m, handle, want)
+        result, offset, length = parse(m, handle, nbytes)
+        holder = ndnew(Held, (length,), U8, m.mv, handle + heap.PREFIX + offset)
+        holder._pool = self
+        holder._handle = handle
+        holder._message = False
+        holder._claimed = False
+        holder._token = 0
+        self._take(m, handle, holder, token, message, refcount, pending)
+        return result, holder
+
+    def _sweep_locked(self, m: Mapping) -> None:
+        """Give back the references of views that died without doing it (lock held)."""
+        dead = [token for token, (_, alive) in self._owners.items() if alive() is None]
+        for token in dead:
+            with contextlib.suppress(TritonModelException):
+                self._give_back_locked(m, token, False)
+
+    def _stats_locked(self, m: Mapping) -> PoolStats:
+        self._sweep_locked(m)
+        heap.check_heap(m.mm, m.size, self._name)
+        return heap.walk(m.mm, m.size, self._name, repair=False)
