@@ -55,9 +55,12 @@ def test_python_block_runs(where: str, code: str, tmp_path: Path) -> None:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
     env.pop("PYTHONWARNINGS", None)
+    # Run as a script file, as a reader would: multiprocessing's spawn start method needs one.
+    script = tmp_path / "block.py"
+    script.write_text(code, encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, "-W", "error", "-c", code],
-        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False,
+        [sys.executable, "-X", "dev", "-W", "error", str(script)],
+        capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
         missing = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", proc.stderr)

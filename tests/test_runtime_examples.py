@@ -36,11 +36,17 @@ def load(request: pytest.FixtureRequest) -> Iterator[Loader]:
 
 
 def _in_pool(array: np.ndarray[Any, Any]) -> bool:
-    """Whether ``array`` views a shared-memory pool record (no copy was made)."""
-    base: Any = array
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return type(base).__name__ == "_Owner"
+    """Whether ``array`` views shared memory (a pool segment), i.e. no copy was made: its data
+    lies in a mapping of a /dev/shm file or a memfd (sealed pools)."""
+    address = array.__array_interface__["data"][0]
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= address < end:
+                path = fields[5].strip() if len(fields) > 5 else ""
+                return path.startswith(("/dev/shm/", "/memfd:"))
+    return False
 
 
 def test_models_listed() -> None:
