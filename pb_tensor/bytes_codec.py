@@ -12,7 +12,9 @@ count). :func:`length_index` packs element lengths to store beside the wire byte
 (the layout and checks are in :mod:`pb_tensor._bytes_lengths`).
 
 Few elements take plain loops (no numpy call, no exception ending a loop): at every size the
-codec is at least as fast as a per-element Python loop.
+codec is at least as fast as a per-element Python loop. This module picks the path; the loops and
+vectorised kernels are in :mod:`pb_tensor._bytes_join` (serialisation) and
+:mod:`pb_tensor._bytes_split` (deserialisation).
 
 Deliberate differences from upstream (the README's "Differences from Triton" table):
 
@@ -25,14 +27,24 @@ Deliberate differences from upstream (the README's "Differences from Triton" tab
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from pb_tensor import _bytes_lengths
+from pb_tensor._bytes_join import (
+    HEAD_CAP,
+    HEADS,
+    Lengths,
+    encode,
+    join_few,
+    join_one,
+    join_packed,
+    serialize_fixed,
+    serialize_objects,
+)
+from pb_tensor._bytes_split import SMALL_WIRE, byte_view, deserialize_view, split_few
 from pb_tensor.errors import TritonModelException
 
 if TYPE_CHECKING:
@@ -51,47 +63,12 @@ __all__ = [
 INDEX_MIN_ELEMENTS: Final = _bytes_lengths.MIN_ELEMENTS
 """A :func:`length_index` pays off above this many elements (below it, walking is cheaper)."""
 
-_U32: Final = struct.Struct("<I")
-_MAX_ELEMENT: Final = 0xFFFFFFFF
-_INCOMPLETE: Final = "Invalid bytes tensor data: incomplete length field"
-_BEYOND: Final = "Invalid bytes tensor data: string extends beyond buffer"
-
-# Above this mean element size (bytes), object arrays are joined with their length fields in one
-# pass: the numpy scatter of length fields only pays off when there are many small elements.
-_LARGE_OBJECT_ELEMENT: Final = 512
 # Up to this many elements, a plain loop serialises faster than the vectorised paths (measured:
 # object arrays cost about as much per element either way, so the loop wins up to ~1000; S arrays
 # are vectorised without any per-element Python, which wins from ~150 on).
 _FEW_OBJECTS: Final = 1024
 _FEW_FIXED: Final = 128
-# Up to this many wire bytes, deserialisation is a plain loop: the fixed cost of a numpy probe or
-# of an exception ending the loop is more than the whole loop there.
-_SMALL_WIRE: Final = 384
-# Up to this many, data whose elements are not all of one length (no numpy path) are still walked
-# by the plain loop: the exception that ends the other walk costs more than its per-element gain.
-_FEW_WIRE: Final = 4096
-# Elements shorter than this are cut by a compiled ``struct`` format of their own length (made on
-# first use and kept, so at most this many small formats ever exist); longer ones are sliced.
-_PAIR_CAP: Final = 4096
 
-
-class _NoFormat(Exception):
-    """Raised by :data:`_PAIRS` entries not compiled yet."""
-
-
-def _no_format(data: Buffer, off: int) -> tuple[bytes, int]:
-    raise _NoFormat
-
-
-# [length] -> Struct("<{length}sI").unpack_from: one call returns an element and the length field
-# that follows it (a list: indexing it is measurably faster than a dict in the walk). Concurrent
-# first uses may both store a format; the values are equivalent.
-_PAIRS: Final[list[Callable[[Buffer, int], tuple[bytes, int]]]] = [_no_format] * _PAIR_CAP
-
-_Lengths = npt.NDArray[np.int64]
-# The length fields of short elements, made once: indexing beats a ``pack`` call per element.
-_HEAD_CAP: Final = 1024
-_HEADS: Final = [_U32.pack(length) for length in range(_HEAD_CAP)]
 # Positional dtype objects and module-level names: on the few-element paths, keyword arguments and
 # attribute lookups are a measurable share of the whole call.
 _U8: Final = np.dtype(np.uint8)
@@ -107,145 +84,9 @@ _fromiter: Final = np.fromiter
 # serialisation
 
 
-def _encode(item: object) -> bytes:
-    """Upstream's ``str(item).encode("utf-8")`` for an element that is not exactly ``bytes``."""
-    return item.encode() if type(item) is str else _coerce(item)
-
-
-def _coerce(item: object) -> bytes:
-    """Upstream's rule for an object element that is not exactly ``bytes`` (np.bytes_ fixed)."""
-    if isinstance(item, np.bytes_):
-        return bytes(item)
-    return str(item).encode("utf-8")
-
-
-def _object_parts(items: list[Any]) -> list[bytes]:
-    kinds = set(map(type, items))
-    if kinds == {bytes}:
-        return items
-    if kinds == {str}:
-        # str(x) is x for an exact str, so encoding directly gives upstream's bytes.
-        return list(map(str.encode, items))
-    return [x if type(x) is bytes else _coerce(x) for x in items]
-
-
-def _too_long(longest: int) -> TritonModelException:
-    return TritonModelException(
-        f"BYTES element of {longest} bytes does not fit the 32-bit length field"
-    )
-
-
-def _join_one(item: object) -> bytes:
-    """The wire bytes of a one-element tensor."""
-    part = item if type(item) is bytes else _encode(item)
-    try:
-        return _U32.pack(len(part)) + part
-    except struct.error:
-        raise _too_long(len(part)) from None
-
-
-def _join_few(items: list[Any]) -> bytes:
-    """Plain-loop serialisation of a few elements (object items, or ``S`` items as bytes)."""
-    # The loops here call ``list.append`` as a method: CPython 3.11+ specialises that call,
-    # not a call of a bound ``append`` kept in a local (measured ~15% slower per element).
-    pieces: list[bytes] = []
-    heads = _HEADS
-    part = b""
-    try:
-        for item in items:
-            part = item if type(item) is bytes else _encode(item)
-            pieces.append(heads[len(part)])
-            pieces.append(part)
-    except IndexError:
-        if len(part) < _HEAD_CAP:
-            raise  # from an element's __str__ (``part`` is still the previous element)
-        return _join_packed(pieces, part, items)
-    return b"".join(pieces)
-
-
-def _join_packed(pieces: list[bytes], part: bytes, items: list[Any]) -> bytes:
-    """:func:`_join_few` after its table of length fields ran out: an element of
-    :data:`_HEAD_CAP` bytes or more, ``part``, whose bytes dwarf the cost of getting here.
-
-    ``pieces`` holds the elements before it; the rest go with a ``pack`` call per length field.
-    """
-    pack = _U32.pack
-    rest = items[len(pieces) // 2 + 1 :]
-    try:
-        pieces.append(pack(len(part)))
-        pieces.append(part)
-        for item in rest:
-            part = item if type(item) is bytes else _encode(item)
-            pieces.append(pack(len(part)))
-            pieces.append(part)
-    except struct.error:
-        if len(part) <= _MAX_ELEMENT:
-            raise  # from an element's __str__ (``part`` is still the previous element)
-        raise _too_long(len(part)) from None
-    return b"".join(pieces)
-
-
-def _join_with_lengths(parts: list[bytes], lens: list[int]) -> bytes:
-    pieces: list[bytes] = [b""] * (2 * len(parts))
-    pieces[0::2] = map(_U32.pack, lens)
-    pieces[1::2] = parts
-    return b"".join(pieces)
-
-
-def _serialize_objects(items: list[Any]) -> tuple[bytes | bytearray, _Lengths]:
-    """More than :data:`_FEW_OBJECTS` object items: the wire bytes and the element lengths."""
-    parts = _object_parts(items)
-    n = len(parts)
-    lens = np.fromiter(map(len, parts), dtype=np.int64, count=n)
-    longest = int(lens.max())
-    if longest > _MAX_ELEMENT:
-        raise _too_long(longest)
-    if int(lens.sum()) >= n * _LARGE_OBJECT_ELEMENT:
-        return _join_with_lengths(parts, lens.tolist()), lens
-    # Joining with a 4-byte NUL separator lays out every element at its final place, with
-    # zeroed length fields in between; only their non-zero bytes are then written, vectorised.
-    # ``parts`` is always a list of our own (tolist() or a conversion), so mutating it is safe.
-    parts.insert(0, b"")  # the leading separator is element 0's length field
-    out = bytearray(b"\0\0\0\0").join(parts)
-    view = np.frombuffer(out, dtype=np.uint8)
-    starts = np.cumsum(lens)
-    starts -= lens
-    starts += np.arange(0, 4 * n, 4, dtype=np.int64)
-    shift = 0
-    while longest >> shift:
-        view[starts] = (lens >> shift).astype(np.uint8)
-        starts += 1
-        shift += 8
-    return out, lens
-
-
-def _str_lengths(flat: npt.NDArray[np.bytes_]) -> npt.NDArray[np.int64]:
-    """What ``len(x.item())`` gives for each ``S`` element: trailing NULs dropped, inner kept."""
-    return np.char.str_len(flat).astype(np.int64, copy=False)
-
-
-def _serialize_fixed(flat: npt.NDArray[np.bytes_]) -> tuple[npt.NDArray[np.uint8], _Lengths]:
-    n = flat.size
-    width = flat.dtype.itemsize  # at least 1: NumPy turns S0 into S1
-    lens = _str_lengths(flat)
-    # One record per element, length field then the padded bytes: exactly the wire layout when
-    # no element has trailing NULs; otherwise a boolean mask drops the padding.
-    records = np.empty(n, dtype=np.dtype([("len", "<u4"), ("data", f"V{width}")]))
-    records["len"] = lens
-    records["data"] = flat.view(f"V{width}")
-    out = records.view(np.uint8)
-    if int(lens.min()) == width:
-        return out, lens
-    row = 4 + width
-    # The narrowest index type keeps the (n, row) comparison cheap; row fits it by construction.
-    index_type = np.uint8 if row < 1 << 8 else np.uint16 if row < 1 << 16 else np.int64
-    keep = np.arange(row, dtype=index_type) < (lens + 4).astype(index_type)[:, None]
-    return np.compress(keep.reshape(-1), out), lens  # measured faster than boolean indexing
-
-
 def _serialize(
     array: npt.NDArray[Any],
-) -> tuple[bytes | bytearray | npt.NDArray[np.uint8], _Lengths | None]:
+) -> tuple[bytes | bytearray | npt.NDArray[np.uint8], Lengths | None]:
     """The wire bytes of ``array``, and the element lengths when there are more than a few."""
     kind = array.dtype.type
     if kind is _OBJECT_TYPE:
@@ -261,11 +102,11 @@ def _serialize(
         # item() / ravel().tolist() read any layout in C order and give S items as numpy's
         # bytes (trailing NULs dropped), exactly what the vectorised paths write.
         if n == 1:
-            return _join_one(array.item()), None
-        return (_join_few(array.ravel().tolist()) if n else _empty()), None
+            return join_one(array.item()), None
+        return (join_few(array.ravel().tolist()) if n else _empty()), None
     if kind is _OBJECT_TYPE:
-        return _serialize_objects(array.ravel().tolist())
-    return _serialize_fixed(np.ascontiguousarray(array).reshape(-1))
+        return serialize_objects(array.ravel().tolist())
+    return serialize_fixed(np.ascontiguousarray(array).reshape(-1))
 
 
 def _empty() -> npt.NDArray[np.uint8]:
@@ -298,15 +139,15 @@ def serialize_with_lengths(
     :data:`INDEX_MIN_ELEMENTS` elements, where a stored :func:`length_index` makes loads cheaper;
     ``None`` for fewer. Same errors as :func:`serialize`.
     """
-    lens: _Lengths | None
+    lens: Lengths | None
     if type(array) is _ndarray and array.dtype.type is _OBJECT_TYPE:
         # The common input (a Tensor's object array), with the fewest steps.
         items = array.ravel().tolist()
         if len(items) <= _FEW_OBJECTS:
             if len(items) == 1:
-                return _frombuffer(_join_one(items[0]), _U8), None
-            return (_frombuffer(_join_few(items), _U8) if items else _empty()), None
-        joined, found = _serialize_objects(items)
+                return _frombuffer(join_one(items[0]), _U8), None
+            return (_frombuffer(join_few(items), _U8) if items else _empty()), None
+        joined, found = serialize_objects(items)
         out, lens = _frombuffer(joined, _U8), found
     else:
         wire, lens = _serialize(np.asarray(array))
@@ -341,30 +182,30 @@ def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] |
         UnicodeEncodeError: for a ``str`` element that is not encodable, as upstream.
     """
     if input_tensor.dtype is _OBJECT and type(input_tensor) is _ndarray:
-        # The common input, in the fewest steps (the loops of _join_one and _join_few inlined:
+        # The common input, in the fewest steps (the loops of join_one and join_few inlined:
         # with a few elements, a call is a measurable share). Object arrays are read as a list on
         # every path, and the count comes with it.
         items = input_tensor.ravel().tolist()
         if len(items) > _FEW_OBJECTS:
-            out: bytes | bytearray | npt.NDArray[np.uint8] = _serialize_objects(items)[0]
+            out: bytes | bytearray | npt.NDArray[np.uint8] = serialize_objects(items)[0]
             return out if type(out) is bytes else bytes(out)
         if len(items) == 1:
-            part = items[0] if type(items[0]) is bytes else _encode(items[0])
-            return _HEADS[len(part)] + part if len(part) < _HEAD_CAP else _join_one(part)
+            part = items[0] if type(items[0]) is bytes else encode(items[0])
+            return HEADS[len(part)] + part if len(part) < HEAD_CAP else join_one(part)
         if not items:
             return ()
         pieces: list[bytes] = []
-        heads = _HEADS
+        heads = HEADS
         part = b""
         try:
             for item in items:
-                part = item if type(item) is bytes else _encode(item)
+                part = item if type(item) is bytes else encode(item)
                 pieces.append(heads[len(part)])
                 pieces.append(part)
         except IndexError:
-            if len(part) < _HEAD_CAP:
+            if len(part) < HEAD_CAP:
                 raise  # from an element's __str__ (``part`` is still the previous element)
-            return _join_packed(pieces, part, items)
+            return join_packed(pieces, part, items)
         return b"".join(pieces)
     kind = input_tensor.dtype.type
     n = input_tensor.size
@@ -373,7 +214,7 @@ def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] |
     if kind is not _OBJECT_TYPE and kind is not _BYTES_TYPE:
         return None
     if n <= _FEW_FIXED and type(input_tensor) is _ndarray:
-        return _join_few(input_tensor.ravel().tolist())
+        return join_few(input_tensor.ravel().tolist())
     out = _serialize(np.asarray(input_tensor))[0]
     if type(out) is bytes:
         return out
@@ -384,124 +225,6 @@ def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> bytes | tuple[()] |
 
 # ------------------------------------------------------------------------------------------------
 # deserialisation
-
-
-def _pair(length: int) -> Callable[[Buffer, int], tuple[bytes, int]]:
-    """The compiled reader of an element of ``length`` (< :data:`_PAIR_CAP`) and the next field."""
-    unpack = _PAIRS[length] = struct.Struct(f"<{length}sI").unpack_from
-    return unpack
-
-
-def _split_few(data: bytes, end: int) -> list[bytes]:
-    """Walk ``data`` (``end`` bytes, at most :data:`_FEW_WIRE`) with a plain loop.
-
-    Same reads as :func:`_split`, but the loop ends on a bounds test, not on an exception (which
-    costs more than a few elements).
-    """
-    if not end:
-        return []
-    try:
-        length: int = _U32.unpack_from(data, 0)[0]
-    except struct.error:
-        raise TritonModelException(_INCOMPLETE) from None
-    off = 4  # where the current element's bytes start
-    stop = 4 + length  # and end
-    if stop == end:  # one element: a tensor of one string is common
-        return [data[4:]]
-    out: list[bytes] = []
-    pairs = _PAIRS
-    while stop + 4 <= end:  # another length field follows this element
-        try:
-            item, length = pairs[length](data, off)
-        except _NoFormat:  # the first element of this length (< _FEW_WIRE < _PAIR_CAP here)
-            item, length = _pair(length)(data, off)
-        out.append(item)
-        off = stop + 4
-        stop = off + length
-    if stop > end:
-        raise TritonModelException(_BEYOND)
-    out.append(data[off:stop])
-    if stop < end:
-        raise TritonModelException(_INCOMPLETE)
-    return out
-
-
-def _split(data: Buffer, end: int) -> list[bytes]:
-    """Walk the length fields of ``data`` (``end`` bytes, more than 0) into a list of elements.
-
-    The chain of length fields is sequential, so this is a Python loop, made as short as
-    measured possible: one ``struct`` call per element both copies the element out and reads the
-    next length field (faster than unpack + slice, and than numpy pointer-jumping here).
-    """
-    out: list[bytes] = []
-    pairs = _PAIRS
-    unpack = _U32.unpack_from
-    try:
-        length: int = unpack(data, 0)[0]
-    except struct.error:
-        raise TritonModelException(_INCOMPLETE) from None
-    off = 4  # where the current element's bytes start; ``length`` is its length
-    while True:
-        try:
-            while True:
-                item, following = pairs[length](data, off)
-                out.append(item)
-                off += length + 4
-                length = following
-        except _NoFormat:
-            _pair(length)
-            continue
-        except IndexError:
-            # Long elements: slice them until a short one hands back to the loop above, so a
-            # run of long elements costs one exception, not one each.
-            while length >= _PAIR_CAP:
-                stop = off + length
-                if stop + 4 > end:
-                    break
-                out.append(bytes(memoryview(data)[off:stop]))
-                length = unpack(data, stop)[0]
-                off = stop + 4
-            else:
-                continue
-        except struct.error:
-            # Fewer than length + 4 bytes left: this is the last element, or the data are bad.
-            stop = off + length
-        break
-    if stop > end:
-        raise TritonModelException(_BEYOND)
-    out.append(bytes(memoryview(data)[off:stop]))
-    if stop < end:
-        raise TritonModelException(_INCOMPLETE)
-    return out
-
-
-def _split_uniform(view: memoryview, length: int, n: int) -> npt.NDArray[np.object_] | None:
-    """All elements ``length`` bytes long (one numpy test), or None if they are not."""
-    stride = 4 + length
-    raw = np.frombuffer(view, dtype=np.uint8)
-    if n > 1:
-        fields = np.ndarray((n,), dtype="<u4", buffer=raw, offset=0, strides=(stride,))
-        if not bool((fields == length).all()):
-            return None
-    if length == 0:
-        empty = np.empty(n, dtype=object)
-        empty.fill(b"")
-        return empty
-    # 'V' rows keep trailing NULs (unlike 'S') and convert to exact ``bytes`` objects.
-    rows = np.ndarray((n,), dtype=f"V{length}", buffer=raw, offset=4, strides=(stride,))
-    objects: npt.NDArray[np.object_] = rows.astype(object)
-    return objects
-
-
-def _byte_view(buf: Buffer | npt.NDArray[Any]) -> memoryview:
-    # ndarray.data, not memoryview(ndarray): NumPy's stubs declare __buffer__ on Python 3.12+
-    # only, and ascontiguousarray makes a strided view readable in C order in the same step.
-    view = np.ascontiguousarray(buf).data if isinstance(buf, np.ndarray) else memoryview(buf)
-    if not view.c_contiguous:
-        view = memoryview(view.tobytes())
-    if view.ndim != 1 or view.itemsize != 1:
-        view = view.cast("B")
-    return view
 
 
 def deserialize(
@@ -533,15 +256,15 @@ def deserialize(
             return indexed
     if type(buf) is bytes:
         data: bytes | None = buf
-    elif type(buf) is _ndarray and buf.nbytes <= _SMALL_WIRE:
+    elif type(buf) is _ndarray and buf.nbytes <= SMALL_WIRE:
         data = buf.tobytes()  # C order, whatever the dtype and strides
     else:
         data = None
-    if data is not None and len(data) <= _SMALL_WIRE:
-        items = _split_few(data, len(data))
+    if data is not None and len(data) <= SMALL_WIRE:
+        items = split_few(data, len(data))
         result = _fromiter(items, _OBJECT, len(items))
     else:
-        result = _deserialize_view(_byte_view(buf), data)
+        result = deserialize_view(byte_view(buf), data)
     if count is not None and count != len(result):
         raise TritonModelException(
             f"Invalid bytes tensor data: expected {count} elements, found {len(result)}"
@@ -556,32 +279,11 @@ def _deserialize_indexed(
         return None
     # One copy into a bytes object: struct reads it fastest, and the checks and the cutting see
     # the same bytes even if shared memory changes meanwhile.
-    data = buf if type(buf) is bytes else _byte_view(buf).tobytes()
+    data = buf if type(buf) is bytes else byte_view(buf).tobytes()
     known = _bytes_lengths.read_index(index, data, count)
     if known is None:
         return None
     return _bytes_lengths.split_known(data, *known)
-
-
-def _deserialize_view(view: memoryview, data: bytes | None) -> npt.NDArray[np.object_]:
-    """:func:`deserialize` of ``view`` (``data``: the same bytes when the input was bytes)."""
-    end = view.nbytes
-    if end <= _SMALL_WIRE:
-        items = _split_few(view.tobytes(), end)
-        return _fromiter(items, _OBJECT, len(items))
-    first = _U32.unpack_from(view, 0)[0]
-    stride = 4 + first
-    if end % stride == 0 and first < 1 << 31:
-        result = _split_uniform(view, first, end // stride)
-        if result is not None:
-            return result
-    if end <= _FEW_WIRE:
-        # Varying lengths, not many: the walk without an exception ending it.
-        items = _split_few(view.tobytes() if data is None else data, end)
-    else:
-        # struct reads a bytes object a little faster than a memoryview.
-        items = _split(view if data is None else data, end)
-    return _fromiter(items, _OBJECT, len(items))
 
 
 def deserialize_bytes_tensor(encoded_tensor: Buffer | npt.NDArray[Any]) -> npt.NDArray[np.object_]:
@@ -596,7 +298,7 @@ def deserialize_bytes_tensor(encoded_tensor: Buffer | npt.NDArray[Any]) -> npt.N
             elements instead).
         TypeError: if ``encoded_tensor`` does not support the buffer protocol.
     """
-    if type(encoded_tensor) is bytes and len(encoded_tensor) <= _SMALL_WIRE:
-        items = _split_few(encoded_tensor, len(encoded_tensor))  # deserialize()'s first path
+    if type(encoded_tensor) is bytes and len(encoded_tensor) <= SMALL_WIRE:
+        items = split_few(encoded_tensor, len(encoded_tensor))  # deserialize()'s first path
         return _fromiter(items, _OBJECT, len(items))
     return deserialize(encoded_tensor)

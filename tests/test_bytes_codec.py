@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pb_tensor import bytes_codec
+from pb_tensor import _bytes_join, _bytes_split, bytes_codec
 from pb_tensor.bytes_codec import (
     deserialize,
     deserialize_bytes_tensor,
@@ -263,17 +263,19 @@ class NarrowLengths(struct.Struct):
 def test_length_field_range_is_structs() -> None:
     """The few-element path relies on ``struct`` refusing lengths that do not fit."""
     with pytest.raises(struct.error):
-        bytes_codec._U32.pack(1 << 32)
-    assert bytes_codec._U32.pack((1 << 32) - 1) == b"\xff\xff\xff\xff"
+        _bytes_join.U32.pack(1 << 32)
+    assert _bytes_join.U32.pack((1 << 32) - 1) == b"\xff\xff\xff\xff"
 
 
 @pytest.mark.parametrize("count", [1, 3, 1024, 1025])
 def test_element_too_long_for_the_length_field(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
     # Stands in for a 4 GiB element: the checks are the same, the memory is not needed.
-    monkeypatch.setattr(bytes_codec, "_MAX_ELEMENT", 10)
-    monkeypatch.setattr(bytes_codec, "_U32", NarrowLengths("<I"))
-    monkeypatch.setattr(bytes_codec, "_HEADS", [])
-    monkeypatch.setattr(bytes_codec, "_HEAD_CAP", 0)
+    monkeypatch.setattr(_bytes_join, "MAX_ELEMENT", 10)
+    monkeypatch.setattr(_bytes_join, "U32", NarrowLengths("<I"))
+    # The table of length fields is read in both modules (serialize_byte_tensor inlines a loop).
+    for module in (_bytes_join, bytes_codec):
+        monkeypatch.setattr(module, "HEADS", [])
+        monkeypatch.setattr(module, "HEAD_CAP", 0)
     array = objects(*([b"x"] * (count - 1)), b"y" * 11)
     with pytest.raises(TritonModelException) as info:
         serialize(array)
@@ -362,7 +364,7 @@ def test_deserialize_buffer_kinds(kind: Any, items: list[bytes]) -> None:
 @pytest.mark.parametrize("total", [380, 383, 384, 385, 388, 392, 4092, 4095, 4096, 4097, 4104])
 def test_deserialize_either_side_of_the_plain_loop(total: int) -> None:
     """Wire sizes around the plain-loop bounds, uniform and not, valid and truncated."""
-    assert (bytes_codec._SMALL_WIRE, bytes_codec._FEW_WIRE) == (384, 4096)
+    assert (_bytes_split.SMALL_WIRE, _bytes_split._FEW_WIRE) == (384, 4096)
     for first in (0, 1, 7):
         items = [b"f" * first]
         left = total - 4 - first
@@ -387,7 +389,7 @@ def test_deserialize_either_side_of_the_plain_loop(total: int) -> None:
 
 def test_compiled_formats_stay_bounded() -> None:
     deserialize(wire(b"a" * 5000, b"b" * 70_000, b"c"))
-    assert len(bytes_codec._PAIRS) == bytes_codec._PAIR_CAP
+    assert len(_bytes_split._PAIRS) == _bytes_split._PAIR_CAP
 
 
 def test_deserialize_non_byte_format_memoryview() -> None:

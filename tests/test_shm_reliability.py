@@ -655,16 +655,16 @@ def test_memory_error_at_every_allocation_leaks_nothing() -> None:
 def test_one_lock_cycle_per_save_and_per_load(
     pool: SharedMemoryPool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pb_tensor.shm import _pool
+    from pb_tensor.shm import _mapped
 
     calls: list[int] = []
-    real = _pool._flock
+    real = _mapped._flock
 
     def counting(fd: int, op: int) -> None:
         calls.append(op)
         real(fd, op)
 
-    monkeypatch.setattr(_pool, "_flock", counting)
+    monkeypatch.setattr(_mapped, "_flock", counting)
     t = Tensor("x", np.arange(1024, dtype=np.float32))
     handle = t.save_to_shared_memory(pool)
     assert len(calls) == 2  # LOCK_EX, LOCK_UN: allocation, both references, in one cycle

@@ -1,6 +1,6 @@
 """The heap inside a shared-memory pool: layout, free lists, crash repair (private).
 
-:mod:`pb_tensor.shm._pool` maps the segment and serialises access; everything here runs on a
+:mod:`pb_tensor.shm._mapped` maps the segment and serialises access; everything here runs on a
 mapping with the pool lock held and knows nothing about processes.
 
 Layout (native byte order, as Triton's C structs)::

@@ -1,8 +1,9 @@
 """What runs under the pool lock: allocation, reference counts, messages, holders (private).
 
-:class:`LockedHeap` is the half of :class:`pb_tensor.shm._pool.SharedMemoryPool` whose methods
+:class:`LockedHeap` is the part of :class:`pb_tensor.shm._pool.SharedMemoryPool` whose methods
 run with the pool lock held (the pool's ``_op`` takes it and passes the current mapping); the
-other half (lifecycle, mapping, locking, the public methods) is in :mod:`pb_tensor.shm._pool`.
+mapping and locking are in :mod:`pb_tensor.shm._mapped`, the lifecycle and the public methods
+in :mod:`pb_tensor.shm._pool`.
 
 Every method that hands a reference or an allocation over writes shared memory in one call and
 records the new owner right after it with no call in between, so that an asynchronous exception
@@ -94,7 +95,7 @@ class LockedHeap:
     _owners: dict[int, tuple[int, weakref.ref[Held]]]
 
     def _remap(self, at_least: int = 0) -> Mapping:
-        raise NotImplementedError  # SharedMemoryPool's
+        raise NotImplementedError  # MappedHeap's
 
     def _allocate_locked(
         self,

@@ -4,16 +4,9 @@ One POSIX shared-memory object (a file under ``/dev/shm``) holds a heap (layout 
 in :mod:`pb_tensor.shm._heap`). Every process maps the whole file and addresses allocations by
 byte offset (the *handle*), which means the same in every process whatever address its mapping
 got: Triton's design (``SharedMemoryManager``) with a Python-side allocator and lock.
-
-Locking: a re-entrant thread lock for the threads of one process plus ``flock`` on a
-descriptor with its own open file description for processes. The kernel drops a ``flock`` when the
-holder dies, so a killed process cannot deadlock the others; the heap's *dirty* word lets the
-next holder repair what it left half-done.
-
-Growth: the segment is extended with ``posix_fallocate`` (pages really reserved, so exhaustion
-is an exception and never a SIGBUS) and the header's total size is updated; every process
-compares it with its mapping on each access (one memory read) and maps the file again when it
-grew. Old mappings are never closed: the views into them keep them alive and valid.
+:class:`SharedMemoryPool` is the lifecycle (create, attach, close) and the public methods; the
+mapping, the lock and growth are in :mod:`pb_tensor.shm._mapped`, what runs under the lock in
+:mod:`pb_tensor.shm._locked`.
 
 The segment is opened with ``os.open`` (what ``shm_open`` does on Linux), not with
 :class:`multiprocessing.shared_memory.SharedMemory`: that keeps ``multiprocessing``'s
@@ -24,18 +17,12 @@ creating process unlinks, on :meth:`SharedMemoryPool.close` or at interpreter ex
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import fcntl
-import importlib
 import itertools
-import multiprocessing.util as mp_util
 import os
 import secrets
-import threading
-import weakref
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -43,7 +30,8 @@ import numpy.typing as npt
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import _heap as heap
 from pb_tensor.shm._heap import PoolStats
-from pb_tensor.shm._locked import Held, LockedHeap, ndview
+from pb_tensor.shm._locked import Held, ndview
+from pb_tensor.shm._mapped import MappedHeap
 from pb_tensor.shm._segment import (
     PAGE,
     SHM_DIR,
@@ -53,7 +41,6 @@ from pb_tensor.shm._segment import (
     is_sealed,
     open_segment,
     positive_int,
-    reopen,
     round_up,
     sealing_supported,
 )
@@ -73,22 +60,11 @@ DEFAULT_GROWTH: Final = 1 << 20
 """Growth step in bytes: Triton's ``shm-growth-byte-size`` default (1 MiB)."""
 
 
-_live_pools: weakref.WeakSet[SharedMemoryPool] = weakref.WeakSet()
 _tokens = itertools.count(1)
-_get_ident: Final = threading.get_ident
-_flock: Final = fcntl.flock
-_LOCK_EX: Final = fcntl.LOCK_EX
-_LOCK_UN: Final = fcntl.LOCK_UN
-_u64_at: Final = heap.U64.unpack_from
-# Views up to this size give their reference back in this process's next lock cycle instead of
-# one of their own, up to this many at a time (a record stays allocated that much longer).
-_DEFER_BYTES: Final = 1 << 16
-_DEFER_COUNT: Final = 64
-_T = TypeVar("_T")
 _P = TypeVar("_P")
 
 
-class SharedMemoryPool(LockedHeap):
+class SharedMemoryPool(MappedHeap):
     """A growable shared-memory heap addressed by integer handles, shared between processes.
 
     Build one with :meth:`create` (the owner, which unlinks the segment on :meth:`close`) or
@@ -103,54 +79,6 @@ class SharedMemoryPool(LockedHeap):
     its own). Views handed out keep their mapping alive: they stay valid after growth and
     after :meth:`close`.
     """
-
-    def __init__(
-        self,
-        *,
-        _name: str,
-        _map_fd: int,
-        _creator: bool,
-        _populate: bool,
-        _size: int,
-        _sealed: bool = False,
-    ) -> None:
-        """Internal: use :meth:`create` or :meth:`attach`."""
-        # Until __init__ completes the object owns nothing: the caller closes _map_fd if this
-        # raises, and __del__/close must not touch it.
-        self._closed = True
-        self._released = True
-        self._name = _name
-        self._path = os.path.join(SHM_DIR, _name)
-        self._map_fd = _map_fd
-        self._creator = _creator
-        self._populate = _populate
-        self._sealed = _sealed  # the segment cannot shrink (F_SEAL_SHRINK)
-        # Re-entrant so that a reference dropped by a signal handler or a GC pass in the window
-        # between acquiring the lock and recording the holder cannot deadlock (see _owner_died).
-        self._tlock = threading.RLock()
-        self._map_lock = threading.Lock()
-        self._holder = 0
-        self._pending: list[tuple[int, bool]] = []  # (token, restore) given back later
-        # token -> (handle, holder): the references held by views. The weak reference lets
-        # _sweep_locked give back what a holder's finaliser could not (an asynchronous
-        # exception can stop a finaliser before its first line).
-        self._owners: dict[int, tuple[int, weakref.ref[Held]]] = {}
-        self._lock_fd = -1
-        self._map = Mapping(_map_fd, _size, _populate, 0)
-        # A second open file description used only for flock: mmap objects dup the mapping fd
-        # on Python < 3.13, and a dup shares the description (and so the lock) with any process
-        # that inherits it through fork; a private description makes the lock die with us.
-        self._lock_fd = reopen(_map_fd, self._path)
-        self._closed = False
-        self._released = False
-        _live_pools.add(self)
-        # Import the Tensor glue now rather than at the first save: a fork while another
-        # thread is inside that first import leaves the child waiting forever on the module's
-        # import lock (CPython does not reset module locks in the child).
-        importlib.import_module("pb_tensor.shm._tensors")
-        # multiprocessing's fork children leave through os._exit, which skips atexit, and
-        # clear the finalizers they inherit; this re-registers ours in each such child.
-        mp_util.register_after_fork(self, _register_mp_exit)
 
     # ----------------------------------------------------------------------------- lifecycle
     @classmethod
@@ -273,48 +201,6 @@ class SharedMemoryPool(LockedHeap):
         role = "creator" if self._creator else "attached"
         return f"<SharedMemoryPool {self._name!r} {role}, {state}>"
 
-    def _release_resources(self) -> None:
-        # Under the thread lock: no other thread of ours is between lock and unlock.
-        with self._tlock:
-            if self._released:
-                return
-            self._released = True
-            for fd in (self._lock_fd, self._map_fd):
-                if fd >= 0:
-                    os.close(fd)
-            self._lock_fd = self._map_fd = -1
-            # Dropping the mapping unmaps it, unless a view still references it: then the
-            # last view unmaps it.
-            del self._map
-
-    def _shutdown(self) -> None:
-        """At interpreter exit: give back the references still held by live views, close."""
-        if self._released:
-            return
-        owners, self._owners = self._owners, {}
-        for handle, _ in owners.values():
-            with contextlib.suppress(TritonModelException):
-                self._op(self._drop_locked, handle, None, False, 0)
-        self.close()
-        self._release_resources()
-
-    def _after_fork_in_child(self) -> None:
-        # The child is a new process: fresh thread locks (another thread may have held ours at
-        # the fork), its own lock description, and no claim on the parent's references (the
-        # views it inherited give nothing back) or on the name.
-        self._tlock = threading.RLock()
-        self._map_lock = threading.Lock()
-        self._holder = 0
-        self._pending = []
-        self._owners = {}
-        self._creator = False
-        if self._lock_fd >= 0:
-            inherited = self._lock_fd
-            self._lock_fd = reopen(self._map_fd, self._path)
-            os.close(inherited)
-        if self._closed:
-            self._release_resources()
-
     # ------------------------------------------------------------------------------ properties
     @property
     def name(self) -> str:
@@ -355,111 +241,6 @@ class SharedMemoryPool(LockedHeap):
     def is_creator(self) -> bool:
         """Whether this object created the segment (and will unlink it)."""
         return self._creator
-
-    # ---------------------------------------------------------------------------- mapping
-    def _check_file(self, m: Mapping) -> None:
-        """Refuse to touch the mapping if another process truncated the segment under it.
-
-        Every page of the mapping must still be backed by the file, or the first access would
-        be a SIGBUS. A sealed segment cannot shrink, so it skips the ``fstat``.
-        """
-        if self._sealed:
-            return
-        size = os.fstat(self._map_fd).st_size
-        if size < m.size:
-            raise TritonModelException(
-                f"Shared memory pool '{self._name}' was truncated by another process to "
-                f"{size} bytes while {m.size} bytes are in use; it can no longer be accessed "
-                "safely (views of it taken before may fault)"
-            )
-
-    def _mapping(self) -> Mapping:
-        """The current mapping, remapped first if any process grew the pool (one read)."""
-        if self._closed:
-            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-        m = self._map
-        self._check_file(m)
-        # Sizes only grow; a mapping ahead of the header is this process mid-growth.
-        if heap.U64.unpack_from(m.mm, heap.OFF_TOTAL)[0] > m.size:
-            m = self._remap()
-        return m
-
-    def _remap(self, at_least: int = 0) -> Mapping:
-        with self._map_lock:
-            m = self._map
-            total = max(int(heap.U64.unpack_from(m.mm, heap.OFF_TOTAL)[0]), at_least)
-            if total <= m.size:
-                return m
-            file_size = os.fstat(self._map_fd).st_size
-            if total > file_size or total % PAGE:
-                # Mapping past the end of the file would turn every access into SIGBUS.
-                raise TritonModelException(
-                    f"Shared memory pool '{self._name}' is corrupted: header size {total} "
-                    f"bytes, segment {file_size} bytes"
-                )
-            # The old mapping is not closed: views into it keep it alive and valid.
-            new = Mapping(self._map_fd, total, self._populate, m.size)
-            self._map = new
-            return new
-
-    # ------------------------------------------------------------------------------ locking
-    def _op(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """Run ``fn(mapping, *args)`` holding the pool lock; its result.
-
-        Written so that an asynchronous exception (a signal handler raising, a MemoryError)
-        at any point leaves no lock held: the thread lock is taken by ``with`` (atomic with
-        entering the block), and the ``flock`` is dropped by the first call of ``finally``.
-        Each ``fn`` keeps the same rule for what it hands over (see :meth:`_take`).
-
-        Raises:
-            TritonModelException: the pool is closed or truncated, or this thread is already
-                inside an operation on it (a signal handler or finaliser re-entering).
-        """
-        with self._tlock:
-            if self._released:  # closed by another thread while we waited
-                raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-            if self._holder:
-                # Only this thread can be here while _holder is set (the lock is ours): a
-                # signal handler or finaliser started an operation inside another one, whose
-                # heap changes may be half done.
-                raise TritonModelException(
-                    f"Shared memory pool '{self._name}': an operation was started from a "
-                    "signal handler or finaliser while this thread was inside another one"
-                )
-            try:
-                self._holder = _get_ident()
-                _flock(self._lock_fd, _LOCK_EX)
-                m = self._map
-                if not self._sealed:
-                    self._check_file(m)
-                # Another thread or process may have grown the heap while we waited: its free
-                # lists can point past our mapping.
-                if _u64_at(m.mm, heap.OFF_TOTAL)[0] > m.size:
-                    m = self._remap()
-                if self._pending:
-                    self._drain(m)
-                result = fn(m, *args)
-                if self._pending:
-                    self._drain(m)
-                return result
-            finally:
-                self._holder = 0
-                _flock(self._lock_fd, _LOCK_UN)
-
-    def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
-        """:meth:`_op` for public operations: refuses a closed pool first."""
-        if self._closed:
-            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-        return self._op(fn, *args)
-
-    def _drain(self, m: Mapping) -> None:
-        # References dropped by this thread while it held the lock (a GC pass or a signal
-        # handler inside an operation) are given back here, at a safe point.
-        pending = self._pending
-        while pending:
-            token, restore = pending.pop()
-            with contextlib.suppress(TritonModelException):
-                self._give_back_locked(m, token, restore)
 
     # --------------------------------------------------------------------------- allocation
     def allocate(self, nbytes: int) -> int:
@@ -619,24 +400,6 @@ class SharedMemoryPool(LockedHeap):
             raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
         return self._op(self._hold_locked, handle, want, message, parse, next(_tokens))
 
-    def _owner_died(self, token: int, restore: bool, nbytes: int) -> None:
-        if self._released or token not in self._owners:
-            return
-        if self._holder == _get_ident() or (
-            nbytes <= _DEFER_BYTES and len(self._pending) < _DEFER_COUNT and not self._closed
-        ):
-            # Inside an operation of this thread (a GC pass or a signal handler), or a small
-            # view: give the reference back under the next lock cycle of this process (each
-            # operation starts by draining these), not in a lock cycle of its own. Appending
-            # is one call: nothing can interrupt it half-way.
-            self._pending.append((token, restore))
-            return
-        try:
-            self._op(self._give_back_locked, token, restore)
-        finally:
-            if self._closed and not self._owners:
-                self._release_resources()
-
     # ----------------------------------------------------------------------------- checking
     def stats(self) -> PoolStats:
         """Walk the heap, check it (block headers, boundary tags, free lists, counters).
@@ -657,29 +420,3 @@ def _nothing(m: Mapping) -> None:
 
 def _whole(m: Mapping, handle: int, nbytes: int) -> tuple[None, int, int]:
     return None, 0, nbytes
-
-
-def _register_mp_exit(pool: SharedMemoryPool) -> None:
-    mp_util.Finalize(pool, _shutdown_ref, args=(weakref.ref(pool),), exitpriority=0)
-
-
-def _shutdown_ref(ref: weakref.ref[SharedMemoryPool]) -> None:
-    pool = ref()
-    if pool is not None:
-        pool._shutdown()
-
-
-def _after_fork_in_child() -> None:
-    for pool in list(_live_pools):
-        if not pool._released:
-            pool._after_fork_in_child()
-
-
-def _at_exit() -> None:
-    for pool in list(_live_pools):
-        with contextlib.suppress(TritonModelException, OSError):
-            pool._shutdown()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_at_exit)
