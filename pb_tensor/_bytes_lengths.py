@@ -102,6 +102,8 @@ def read_index(
     # A copy: the checks and the cutting below must see the same lengths.
     lens = np.frombuffer(view, dtype="<u4", count=n, offset=_HEAD.size).astype(np.int64)
     if not n:
+        if end:
+            raise _corrupt(f"are for 0 elements, the data has {end} bytes")
         return lens, lens
     # No overflow: n * 2**32 < 2**63 for any n up to a wire size of 8 GiB (n <= wire / 4).
     fields = np.cumsum(lens + 4)

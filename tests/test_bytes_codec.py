@@ -705,6 +705,15 @@ def test_corrupted_index_raises(index: bytes, count: int | None, message: str) -
         assert str(info.value) == f"{STORED} {message}"
 
 
+def test_index_for_no_elements_over_data_raises() -> None:
+    # Found by hypothesis: an index saying 0 elements (its size field patched to match) over the
+    # 4 bytes of one empty element must not decode to an empty array.
+    index = patched(index_of([]), (16, b"\x04"))
+    with pytest.raises(TritonModelException) as info:
+        deserialize(wire(b""), None, index=index)
+    assert str(info.value) == f"{STORED} are for 0 elements, the data has 4 bytes"
+
+
 def test_index_of_empty_data() -> None:
     assert_bytes_array(deserialize(b"", 0, index=index_of([])), [])
     with pytest.raises(TritonModelException) as info:
