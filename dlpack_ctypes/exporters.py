@@ -19,6 +19,16 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from dlpack_ctypes import _capi
+from dlpack_ctypes._blocks import (
+    C_STRIDES,
+    DEVICE_TYPES,
+    MAX_NDIM,
+    c_strides,
+    check_shape,
+    contiguous_strides,
+    export,
+)
+from dlpack_ctypes._views import HOST_DEVICES, host_view
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -26,19 +36,8 @@ from dlpack_ctypes.abi import (
     DLDeviceType,
     kDLCPU,
 )
-from dlpack_ctypes.consumer import _MEM, _host_view
 from dlpack_ctypes.dtypes import DataType, from_numpy_dtype
-from dlpack_ctypes.producer import (
-    _C_STRIDES,
-    _DEVICE_TYPES,
-    _MAX_NDIM,
-    HOST_DEVICES,
-    _check_shape,
-    _contiguous_strides,
-    _export,
-    c_strides,
-    negotiate,
-)
+from dlpack_ctypes.producer import negotiate
 
 if TYPE_CHECKING:
     # typing_extensions is not a runtime dependency: annotations only.
@@ -144,12 +143,12 @@ def _numpy_dlpack(
             flags = a.flags
             readonly = False
     shape = a.shape
-    if len(shape) > _MAX_NDIM:
-        _check_shape(shape, None)
-    strides = _C_STRIDES.get(shape) if flags.c_contiguous else _numpy_strides(a)
+    if len(shape) > MAX_NDIM:
+        check_shape(shape, None)
+    strides = C_STRIDES.get(shape) if flags.c_contiguous else _numpy_strides(a)
     if strides is None:
         strides = c_strides(shape)
-    return _export(
+    return export(
         a, _array_data(a), shape, strides, from_numpy_dtype(a.dtype), device, versioned,
         (DLPACK_FLAG_BITMASK_READ_ONLY if readonly else 0)
         | (DLPACK_FLAG_BITMASK_IS_COPIED if make_copy else 0),
@@ -209,16 +208,16 @@ class BufferExporter:
         *,
         readonly: bool = False,
     ) -> None:
-        _check_shape(shape, strides)
+        check_shape(shape, strides)
         self._owner = owner
         self._data = int(data)
         self._shape = tuple(int(n) for n in shape)
         self._strides = tuple(
-            int(s) for s in (_contiguous_strides(shape) if strides is None else strides)
+            int(s) for s in (contiguous_strides(shape) if strides is None else strides)
         )
         self._dtype = DataType(*dtype)
         device_type = int(device[0])
-        if device_type not in _DEVICE_TYPES:
+        if device_type not in DEVICE_TYPES:
             raise ValueError(f"unknown DLPack device type: {device=!r}")
         self._device = (device_type, int(device[1]))
         self._readonly = readonly
@@ -235,8 +234,8 @@ class BufferExporter:
         if not isinstance(array, np.ndarray):
             raise TypeError(f"from_numpy expects a numpy.ndarray: got {type(array).__name__}")
         shape = array.shape
-        if len(shape) > _MAX_NDIM:
-            _check_shape(shape, None)
+        if len(shape) > MAX_NDIM:
+            check_shape(shape, None)
         flags = array.flags
         self = object.__new__(cls)
         self._owner = array
@@ -271,13 +270,13 @@ class BufferExporter:
                     f"copy=True is not supported for device memory: device={self._device!r}"
                 )
             copy_of = np.array(
-                _host_view(self._data, self._shape, self._strides, self._dtype, self), order="C"
+                host_view(self._data, self._shape, self._strides, self._dtype, self), order="C"
             )
-            return _export(copy_of, _array_data(copy_of), self._shape,
-                           tuple(_contiguous_strides(self._shape)), self._dtype, device,
+            return export(copy_of, _array_data(copy_of), self._shape,
+                           tuple(contiguous_strides(self._shape)), self._dtype, device,
                            versioned, DLPACK_FLAG_BITMASK_IS_COPIED)
         flags = DLPACK_FLAG_BITMASK_READ_ONLY if self._readonly else 0
-        return _export(self._owner, self._data, self._shape, self._strides, self._dtype,
+        return export(self._owner, self._data, self._shape, self._strides, self._dtype,
                        device, versioned, flags)
 
 
@@ -319,7 +318,7 @@ def numpy_dlpack(
     if NUMPY_EXPORTER_KEEPS_RULES and max_version is not None and max_version[0] >= 1:
         ptr = _get_pointer(capsule, _ADDR_VERSIONED)
         if ptr:
-            _pack_u32(_MEM, ptr + 4, DLPACK_MINOR_VERSION)
+            _pack_u32(_capi.MEM, ptr + 4, DLPACK_MINOR_VERSION)
     return capsule
 
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import dlpack_ctypes as dl
-from dlpack_ctypes import DataType, DLDeviceType, abi, consumer, dtypes
+from dlpack_ctypes import DataType, DLDeviceType, _views, abi, dtypes
 
 # numpy dtype -> (DLPack code, bits); written out, not derived from the library.
 STANDARD = {
@@ -255,7 +255,8 @@ def without_ml_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
         "_TO_NUMPY",
         {k: v for k, v in dtypes._TO_NUMPY.items() if v.type.__module__ == "numpy"},
     )
-    monkeypatch.setattr(consumer, "_VIEW_INFO", {})
+    for key in list(_views.VIEW_INFO):
+        monkeypatch.delitem(_views.VIEW_INFO, key)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -1,0 +1,187 @@
+"""The consumer's claim on a capsule: one atomic compare-and-swap of the capsule's name pointer.
+
+A DLPack consumer takes ownership by renaming the capsule from ``dltensor[_versioned]`` to
+``used_dltensor[_versioned]``. Reading the name and writing the new one as two steps lets two
+consumers both win (each then calls the deleter: a double free). Here the rename is one
+``__atomic_compare_exchange_8`` on the capsule's ``name`` field (libatomic, through ctypes):
+exactly one consumer wins, whether the others are this package on other threads, numpy or torch
+(their C code renames while holding the GIL, so a compare-and-swap cannot interleave with it),
+and also on free-threaded CPython where nothing else serialises the threads.
+
+Each thread renames to its *own* immortal copy of the ``used_...`` strings. A consumer
+interrupted right after its claim (a signal handler raising ``KeyboardInterrupt``, ``MemoryError``)
+can then tell that the claim is its own by comparing pointers, and undo it.
+
+Where libatomic or the capsule layout check is unavailable, :data:`MODE` is ``"lock"``: claims
+among this package's consumers are serialised by a process-wide lock; a foreign consumer
+racing on the same capsule is then not excluded (documented).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, Final, cast
+
+from dlpack_ctypes import _capi
+from dlpack_ctypes.abi import NAME_DLTENSOR, NAME_DLTENSOR_VERSIONED
+
+__all__ = [
+    "CAS",
+    "FRESH_KINDS",
+    "KIND_LEGACY",
+    "KIND_VERSIONED",
+    "LOCK",
+    "MODE",
+    "NAME_OFFSET",
+    "POINTER_OFFSET",
+    "classify",
+    "name_error",
+    "thread_slot",
+]
+
+KIND_LEGACY: Final = 0
+KIND_VERSIONED: Final = 1
+
+_MEM: Final = _capi.MEM
+_pack_ptr = struct.Struct("@P").pack_into
+_unpack_ptr = struct.Struct("@P").unpack_from
+
+#: Offset of the capsule's ``name`` field from ``id(capsule)``, or None (C API only).
+NAME_OFFSET: Final = _capi.CAPSULE_NAME_OFFSET
+#: Offset of the capsule's ``pointer`` field (right before ``name``), or None.
+POINTER_OFFSET: Final = None if NAME_OFFSET is None else NAME_OFFSET - ctypes.sizeof(
+    ctypes.c_void_p)
+
+#: Serialises claims in ``"lock"`` mode (and nothing else).
+LOCK = threading.Lock()
+
+# --------------------------------------------------------------------------------------------
+# Per-thread slots: an 8-byte "expected" cell for the compare-and-swap, then this thread's own
+# copies of the two used_ names (immortal: renamed capsules point at them forever).
+
+_USED_LEGACY = b"used_dltensor\0"
+_USED_VERSIONED = b"used_dltensor_versioned\0"
+_SLOT_WORDS: Final = 6  # 8 + 14 + 24 = 46 bytes
+_SLOTS: dict[int, tuple[int, int, int]] = {}
+_capi.immortalize(_SLOTS)
+_get_ident = threading.get_ident
+
+
+def _new_slot(ident: int) -> tuple[int, int, int]:
+    buf = (ctypes.c_uint64 * _SLOT_WORDS)()
+    _capi.immortalize(buf)
+    base = ctypes.addressof(buf)
+    legacy = base + 8
+    versioned = legacy + len(_USED_LEGACY)
+    ctypes.memmove(legacy, _USED_LEGACY, len(_USED_LEGACY))
+    ctypes.memmove(versioned, _USED_VERSIONED, len(_USED_VERSIONED))
+    slot = _SLOTS[ident] = (base, legacy, versioned)
+    return slot
+
+
+def thread_slot() -> tuple[int, int, int]:
+    """``(expected cell, used legacy name, used versioned name)`` addresses of this thread."""
+    ident = _get_ident()
+    return _SLOTS.get(ident) or _new_slot(ident)
+
+
+# --------------------------------------------------------------------------------------------
+# Names
+
+# name pointer -> (the bytes it held, NUL included; kind). Producers name capsules with static
+# strings, so few addresses ever appear; each hit is re-verified against the bytes (a heap
+# string freed and reused for another name must not be trusted).
+_KINDS: dict[int, tuple[bytes, int]] = {}
+#: Capsule names a consumer may claim, and their kinds.
+FRESH_KINDS: Final = {NAME_DLTENSOR: KIND_LEGACY, NAME_DLTENSOR_VERSIONED: KIND_VERSIONED}
+
+
+def name_error(value: bytes | None) -> ValueError:
+    """The error for a capsule named ``value`` that cannot be claimed."""
+    if value is not None and value.startswith(b"used_"):
+        return ValueError(
+            f"DLPack capsule was already consumed: name={value.decode(errors='replace')!r}"
+        )
+    return ValueError(
+        f"not a DLPack capsule: name={value!r}, expected {NAME_DLTENSOR!r} or "
+        f"{NAME_DLTENSOR_VERSIONED!r}"
+    )
+
+
+def classify(name: int) -> int:
+    """The kind of a fresh DLPack capsule name at address ``name``.
+
+    Raises:
+        ValueError: the capsule was already consumed (``used_...``), or is not a DLPack capsule.
+    """
+    found = _KINDS.get(name)
+    if found is not None:
+        expected, kind = found
+        if _MEM[name:name + len(expected)] == expected:
+            return kind
+    value = ctypes.string_at(name) if name else None
+    kind_of = FRESH_KINDS.get(value) if value is not None else None
+    if kind_of is None:
+        raise name_error(value)
+    if len(_KINDS) > 1024:
+        _KINDS.clear()
+    _KINDS[name] = (cast(bytes, value) + b"\0", kind_of)
+    return kind_of
+
+
+# --------------------------------------------------------------------------------------------
+# The compare-and-swap
+
+
+def _load_cas() -> Callable[[int, int, int, int, int], bool] | None:
+    proto = ctypes.PYFUNCTYPE(  # the GIL stays held: nothing can run between read and write
+        ctypes.c_bool, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int,
+        ctypes.c_int,
+    )
+    for lib in (None, "libatomic.so.1", "libatomic.dylib"):
+        try:
+            fn = proto(("__atomic_compare_exchange_8", ctypes.CDLL(lib)))
+        except (OSError, AttributeError):
+            continue
+        _capi.immortalize(fn)
+        return cast("Callable[[int, int, int, int, int], bool]", fn)
+    return None
+
+
+def _self_check(cas: Callable[[int, int, int, int, int], bool]) -> bool:
+    # Run the exact claim on a probe capsule: a successful swap, then a failing one that must
+    # leave the field alone and report what it found.
+    if NAME_OFFSET is None or sys.implementation.name != "cpython":
+        return False
+    first, second = _capi.ADDR_DLTENSOR, _capi.ADDR_USED_DLTENSOR
+    capsule = _capi.PyCapsule_New(first, first, None)
+    field = id(capsule) + NAME_OFFSET
+    cell = (ctypes.c_uint64 * 1)()
+    addr = ctypes.addressof(cell)
+    _pack_ptr(_MEM, addr, first)
+    if not cas(field, addr, second, 5, 5) or _capi.PyCapsule_GetName(capsule) != (
+        b"used_dltensor"
+    ):
+        return False
+    _pack_ptr(_MEM, addr, first)
+    if cas(field, addr, first, 5, 5) or _unpack_ptr(_MEM, addr)[0] != second:
+        return False
+    return bool(_capi.PyCapsule_GetPointer(capsule, second) == first)
+
+
+def _choose() -> tuple[Any, str]:
+    cas = _load_cas()
+    if cas is not None and _self_check(cas):
+        return cas, "cas"
+    return None, "lock"
+
+
+_cas, _mode = _choose()
+#: ``__atomic_compare_exchange_8(field, expected cell, desired, SEQ_CST, SEQ_CST)``, or None.
+CAS: Final[Callable[[int, int, int, int, int], bool] | None] = _cas
+#: ``"cas"`` (atomic claims) or ``"lock"`` (claims serialised among this package's consumers).
+MODE: Final[str] = _mode
