@@ -45,8 +45,6 @@ _MAX_ADDRESS: Final = 2**64 - 1
 # DLPack can describe (bits * lanes / 8 < 2**21); larger ones get the exact check.
 _SAFE_STRIDE: Final = 2**41
 _INTP_MAX: Final = 2**63 - 1
-# Legacy capsules import writable until the read-only default lands with its test updates.
-_LEGACY_READONLY = False
 
 # Foreign deleters wrapped once per address. They are called with the GIL held, as numpy's and
 # Triton's consumers call them (a deleter that touches Python must take the GIL itself anyway,
@@ -312,7 +310,7 @@ def fill(
         (deleter,) = _unpack_ptr(mem, ptr + _LEGACY_DELETER_OFFSET)
         flags = 0
         tensor.version = None
-        tensor.readonly = _LEGACY_READONLY and not legacy_writable
+        tensor.readonly = not legacy_writable
     data, dev_type, dev_id, ndim, code, bits, lanes, shape_ptr, strides_ptr, byte_offset = fields
     dev = _DEVICE_ENUM.get(dev_type)
     if dev is None:

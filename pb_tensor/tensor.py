@@ -334,8 +334,12 @@ class Tensor:
         memory_type = self._memory_type
         if memory_type == MemoryType.CPU and (stream is None or stream == -1):
             array = self._array if self._array is not None else self._host_array_or_none()
-            # numpy cannot export an ml_dtypes bfloat16 view (cached by as_numpy()).
-            if array is not None and _NUMPY_EXPORTS and self._dtype is not TritonDtype.TYPE_BF16:
+            # numpy cannot export an ml_dtypes bfloat16 view (cached by as_numpy()), nor the
+            # read-only view of a legacy import as the legacy capsule it came from.
+            if (
+                array is not None and _NUMPY_EXPORTS and self._dtype is not TritonDtype.TYPE_BF16
+                and (self._dl is None or self._dl.version is not None)
+            ):
                 return _numpy_export(array, max_version, dl_device, copy)
         try:
             return self._ctypes_export(stream, max_version, dl_device, copy)
@@ -393,10 +397,13 @@ class Tensor:
                                 versioned=versioned, readonly=readonly)
 
     def _readonly(self) -> bool:
+        imported = self._dl
+        if imported is not None:
+            # A legacy import's views are read-only because the capsule could not say; its
+            # re-exports pass on what was received (no READ_ONLY flag), as upstream does.
+            return bool(imported.flags & dl.DLPACK_FLAG_BITMASK_READ_ONLY)
         if self._array is not None:
             return not self._array.flags.writeable
-        if self._dl is not None:
-            return self._dl.readonly
         return False
 
     def _export_fields(self) -> tuple[object, int, tuple[int, ...], tuple[int, ...] | None]:

@@ -145,14 +145,16 @@ def test_produce_into_our_consumer(dtype: np.dtype[Any], version: tuple[int, int
     assert t.data == data_ptr(a)
     v = t.numpy()
     assert_same_view(v, a)
-    assert v.flags.writeable  # legacy capsules import writable by design
+    # A legacy capsule cannot say whether writes are allowed: its views are read-only.
+    assert v.flags.writeable == (version is not None)
+    assert t.readonly == (version is None)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("dtype", list(STANDARD), ids=STANDARD_IDS)
 def test_consume_numpy(dtype: np.dtype[Any], version: tuple[int, int] | None) -> None:
     a = sample(dtype)
-    t = dl.from_dlpack(a) if version else dl.consume(a.__dlpack__())
+    t = dl.from_dlpack(a) if version else dl.consume(a.__dlpack__(), legacy_writable=True)
     code, bits = STANDARD[dtype]
     assert t.dtype == DataType(code, bits, 1)
     assert (t.version is None) == (version is None)
@@ -396,7 +398,7 @@ def test_byte_offset_hand_built(make_capsule: Any) -> None:
     base = np.arange(10.0)
     for version in ((1, 3), None):
         capsule, info = make_capsule(base, shape=(4,), byte_offset=16, version=version)
-        t = dl.consume(capsule)
+        t = dl.consume(capsule, legacy_writable=True)
         assert t.byte_offset == 16
         assert t.data == data_ptr(base) + 16
         v = t.numpy()
@@ -538,8 +540,8 @@ def test_readonly_produce_legacy_raises() -> None:
     with pytest.raises(BufferError, match=message):
         dl.export_buffer(a, data_ptr(a), a.shape, None, DataType(0, 32), versioned=False,
                          readonly=True)
-    # A copy is writable, so a legacy copy is fine.
-    t = dl.consume(dl.to_dlpack(a, copy=True))
+    # A copy is writable, so a legacy copy is fine (and trusted, it imports writable).
+    t = dl.consume(dl.to_dlpack(a, copy=True), legacy_writable=True)
     assert not t.readonly
     v = t.numpy()
     assert np.array_equal(v, a)
@@ -562,7 +564,10 @@ def test_readonly_flag_hand_built_and_legacy_writable(make_capsule: Any) -> None
     assert not v.flags.writeable
     capsule, _ = make_capsule(a, version=None)
     v = dl.consume(capsule).numpy()
-    assert v.flags.writeable  # legacy capsules cannot say read-only: imported writable
+    assert not v.flags.writeable  # legacy capsules cannot say read-only: imported read-only
+    capsule, _ = make_capsule(a, version=None)
+    v = dl.consume(capsule, legacy_writable=True).numpy()
+    assert v.flags.writeable  # unless the caller trusts the producer
 
 
 # ------------------------------------------------------------------------------------------------
