@@ -20,6 +20,7 @@ from typing import Any, Final
 from dlpack_ctypes import _capi, _claim
 from dlpack_ctypes._claim import KIND_VERSIONED
 from dlpack_ctypes._tensor import DLPackTensor, blank, deleter_for, fill
+from dlpack_ctypes.exchange import STREAMLESS_DEVICES, exchange_api
 
 __all__ = ["DLPackTensor", "consume", "from_dlpack"]
 
@@ -38,6 +39,8 @@ _classify = _claim.classify
 _blank = blank
 _fill = fill
 _deleter_for = deleter_for
+_exchange_api = exchange_api
+_STREAMLESS: Final = STREAMLESS_DEVICES
 
 
 def consume(
@@ -149,11 +152,15 @@ def from_dlpack(
     stream: object = None,
     check: Callable[[DLPackTensor], None] | None = None,
     legacy_writable: bool = False,
+    exchange: bool = True,
 ) -> DLPackTensor:
     """Import any DLPack producer (or a raw capsule) without copying.
 
     Asks the producer for ``max_version=(1, 3)``; if it raises TypeError and the caller asked
-    for neither ``device`` nor ``copy``, retries the legacy call (``stream`` only).
+    for neither ``device`` nor ``copy``, retries the legacy call (``stream`` only). Without
+    ``device``, ``copy`` and ``stream``, a producer type that publishes the DLPack 1.3 C exchange
+    API (torch) is imported through it instead, with the same validation and errors (see
+    :mod:`dlpack_ctypes.exchange`); memory that streams order (GPU) still takes ``__dlpack__``.
 
     Args:
         obj: an object with ``__dlpack__`` (numpy, torch, JAX, CuPy ...) or a DLPack capsule.
@@ -162,6 +169,8 @@ def from_dlpack(
         stream: passed to the producer when not None (the consumer's stream, DLPack rules).
         check: see :func:`consume`.
         legacy_writable: see :func:`consume`.
+        exchange: use the producer type's C exchange API when it publishes one (False: always
+            ``__dlpack__``).
 
     Raises:
         TypeError: ``obj`` is neither a capsule nor a DLPack producer, or the producer rejected
@@ -178,6 +187,15 @@ def from_dlpack(
         return consume(obj, check=check, legacy_writable=legacy_writable)
     if stream is None and device is None and copy is None:
         # The common request, with the fewest steps (this is the consumer's hot path).
+        api = _exchange_api(type(obj)) if exchange else None
+        if api is not None:
+            # DLPack 1.3 C exchange API: one C call. It does no stream synchronisation, which
+            # only __dlpack__ can negotiate: stream-ordered memory goes back to the producer.
+            tensor = api.from_py_object(obj, check=check)
+            if tensor is not None:
+                if tensor.device[0] in _STREAMLESS:
+                    return tensor
+                tensor.close()
         producer: Any = obj
         try:
             capsule = producer.__dlpack__(max_version=_REQUEST_VERSION)

@@ -37,17 +37,24 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from dlpack_ctypes import _capi
+from dlpack_ctypes._tensor import DLPackTensor, adopt
 from dlpack_ctypes.abi import (
     DLPACK_MAJOR_VERSION,
     NAME_DLPACK_EXCHANGE_API,
+    DLDeviceType,
     DLPackExchangeAPI,
     DLPackExchangeAPIHeader,
 )
 
-__all__ = ["ATTRIBUTE", "ExchangeAPI", "exchange_api"]
+__all__ = ["ATTRIBUTE", "STREAMLESS_DEVICES", "ExchangeAPI", "exchange_api"]
 
 #: The type attribute that publishes the table.
 ATTRIBUTE: Final = "__dlpack_c_exchange_api__"
+
+#: Device types whose memory no stream orders: a ``no_sync`` import of them is complete.
+STREAMLESS_DEVICES: Final = frozenset(
+    {DLDeviceType.kDLCPU, DLDeviceType.kDLCUDAHost, DLDeviceType.kDLROCMHost}
+)
 
 #: Oldest minor version whose table has the layout mirrored in ``abi.DLPackExchangeAPI``.
 _MIN_MINOR: Final = 2
@@ -131,6 +138,25 @@ class ExchangeAPI:
             return 0
         (address,) = _unpack_ptr(_MEM, cell)
         return address or 0
+
+    def from_py_object(
+        self,
+        obj: object,
+        *,
+        check: Callable[[DLPackTensor], None] | None = None,
+    ) -> DLPackTensor | None:
+        """Import ``obj`` with one C call and no stream synchronisation; None: use
+        ``__dlpack__`` instead (see :meth:`managed_tensor`).
+
+        The tensor is validated exactly as a consumed capsule is (same errors); on any failure
+        the producer's deleter runs once before the error propagates.
+
+        Raises:
+            BufferError: an invalid tensor (as :func:`dlpack_ctypes.consume`).
+            Exception: whatever ``check`` raises.
+        """
+        address = self.managed_tensor(obj)
+        return adopt(address, check=check) if address else None
 
     def current_work_stream(self, device_type: int, device_id: int) -> int:
         """The producer's current stream on ``(device_type, device_id)`` (0: none/default).

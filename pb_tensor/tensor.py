@@ -12,6 +12,8 @@ import numpy as np
 
 import dlpack_ctypes as dl
 from dlpack_ctypes.abi import DLDeviceType
+from dlpack_ctypes.exchange import ExchangeAPI
+from dlpack_ctypes.exchange import exchange_api as _exchange_api
 from pb_tensor import bytes_codec
 from pb_tensor.dtypes import (
     MemoryType,
@@ -210,8 +212,20 @@ class Tensor:
             direct = _DIRECT_NUMPY.get(tensor.dtype.num)
             if direct is not None and tensor.dtype.isnative and tensor.flags.c_contiguous:
                 return Tensor._from_array(name, tensor, direct)
+        kind = type(tensor)
         try:
-            if type(tensor) is _CapsuleType:
+            # The DLPack 1.3 C exchange API (torch): one C call instead of __dlpack_device__
+            # and __dlpack__ in Python. None: not offered or not usable for this object.
+            api = _exchange_api(kind)
+            if api is not None:
+                imported = api.from_py_object(tensor, check=_check_importable)
+                if imported is not None:
+                    if imported.device[0] == _KDL_CUDA:
+                        _wait_for_producer(api, imported)
+                    return _fill(_new_tensor(Tensor), name, _DTYPE_OF_DL[imported.dtype],
+                                 imported.shape, _MEMORY_OF_DEVICE[imported.device[0]],
+                                 imported.device[1], None, imported, None)
+            if kind is _CapsuleType:
                 imported = dl.consume(tensor, check=_check_importable)
             else:
                 device_fn = getattr(tensor, "__dlpack_device__", None)
@@ -222,7 +236,8 @@ class Tensor:
                 if device_type == _KDL_CUDA:
                     imported = _import_gpu(tensor, int(device_id))
                 elif device_type in (_KDL_CPU, _KDL_CUDA_HOST):
-                    imported = dl.from_dlpack(tensor, check=_check_importable)
+                    # exchange=False: the exchange API was tried above.
+                    imported = dl.from_dlpack(tensor, check=_check_importable, exchange=False)
                 else:
                     raise _device_error(device_type)
         except ValueError as exc:
@@ -613,6 +628,30 @@ def _import_gpu(producer: object, device_id: int) -> dl.DLPackTensor:
         raise cuda.CudaUnavailableError(
             f"{_GPU_UNAVAILABLE}: {exc}", exc.code, exc.error_name
         ) from exc
+
+
+def _wait_for_producer(api: ExchangeAPI, imported: dl.DLPackTensor) -> None:
+    """Order a GPU tensor imported through the exchange API (which does no synchronisation)
+    as python_backend's protocol import does: on return the data is ready for any stream.
+
+    ``__dlpack__(stream=proxy)`` makes the proxy stream wait for the producer's current stream
+    and the import then synchronises the proxy, i.e. the host waits for the work queued on the
+    producer's current stream. Here the host waits for that stream directly (its handle from
+    ``current_work_stream``), with the tensor's device current and the caller's device restored,
+    and with the protocol path's error texts. On failure the tensor is released first."""
+    from pb_tensor import cuda
+
+    device_id = imported.device[1]
+    try:
+        cuda.synchronize(api.current_work_stream(_KDL_CUDA, device_id), device=device_id)
+    except cuda.CudaUnavailableError as exc:
+        imported.close()
+        raise cuda.CudaUnavailableError(
+            f"{_GPU_UNAVAILABLE}: {exc}", exc.code, exc.error_name
+        ) from exc
+    except BaseException:
+        imported.close()
+        raise
 
 
 def _numpy_export(
