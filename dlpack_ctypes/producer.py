@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, SupportsIndex, cast
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     # typing_extensions is not a runtime dependency: only annotations and string casts use it.
@@ -103,12 +103,18 @@ def export_buffer(
 # Negotiation (the __dlpack__ request rules)
 
 
-def _parse_pair(value: object, what: str) -> tuple[int, int]:
+def _parse_pair(value: Any, what: str) -> tuple[int, int]:
     try:
-        first, second = cast("tuple[Any, Any]", value)
+        first, second = value
         return int(first), int(second)
     except (TypeError, ValueError):
         raise TypeError(f"{what} must be a pair of integers or None: {what}={value!r}") from None
+
+
+# max_version tuples of plain ints -> versioned? (the request's fast path; others are parsed).
+_COMMON_REQUESTS: Final[dict[object, bool]] = {
+    (major, minor): major >= 1 for major in range(3) for minor in range(16)
+}
 
 
 def negotiate(
@@ -134,6 +140,12 @@ def negotiate(
         BufferError: ``dl_device`` names another device; read-only data requested as a
             legacy capsule without a copy.
     """
+    if stream is None and dl_device is None and copy is None and not readonly:
+        # The common request (numpy, torch, JAX ask exactly this): one dict lookup decides it.
+        versioned_or_none = _COMMON_REQUESTS.get(max_version) if type(max_version) is tuple else (
+            False if max_version is None else None)
+        if versioned_or_none is not None:
+            return versioned_or_none, False, device
     versioned = max_version is not None and _parse_pair(max_version, "max_version")[0] >= 1
     if copy is not None and not isinstance(copy, bool):
         raise TypeError(f"copy must be True, False or None: {copy=!r}")
@@ -159,11 +171,11 @@ def negotiate(
     return versioned, make_copy, out_device
 
 
-def _check_stream(device_type: int, stream: object) -> None:
+def _check_stream(device_type: int, stream: Any) -> None:
     if isinstance(stream, bool):
         raise TypeError(f"stream must be an int or None: {stream=!r}")
     try:
-        stream = operator.index(cast("SupportsIndex", stream))  # numpy integers are fine too
+        stream = operator.index(stream)  # numpy integers are fine too
     except TypeError:
         raise TypeError(f"stream must be an int or None: {stream=!r}") from None
     if device_type in (DLDeviceType.kDLCUDA, DLDeviceType.kDLROCM, DLDeviceType.kDLCUDAManaged):
