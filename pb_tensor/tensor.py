@@ -344,7 +344,25 @@ class Tensor:
                 ``dl_device``; also a ``BufferError``.
             TypeError, ValueError: malformed arguments.
         """
-        if self._dtype == TritonDtype.TYPE_BYTES:
+        array = self._array
+        dtype = self._dtype
+        if (
+            array is not None
+            and stream is None
+            and self._dl is None
+            and self._memory_type is MemoryType.CPU
+            and dtype is not TritonDtype.TYPE_BYTES
+            and dtype is not TritonDtype.TYPE_BF16
+            and _NUMPY_EXPORTS
+        ):
+            # The common case first (a tensor made from a numpy array, exported to numpy,
+            # torch or JAX): numpy's own exporter, with no other step.
+            try:
+                return _numpy_dlpack(array, max_version=max_version, dl_device=dl_device,
+                                     copy=copy)
+            except BufferError as exc:
+                raise TritonBufferError(str(exc)) from exc
+        if dtype == TritonDtype.TYPE_BYTES:
             raise TritonBufferError(_STRING_DLPACK)
         memory_type = self._memory_type
         if memory_type == MemoryType.CPU and (stream is None or stream == -1):
@@ -652,6 +670,9 @@ def _wait_for_producer(api: ExchangeAPI, imported: dl.DLPackTensor) -> None:
     except BaseException:
         imported.close()
         raise
+
+
+_numpy_dlpack: Final = dl.numpy_dlpack
 
 
 def _numpy_export(
