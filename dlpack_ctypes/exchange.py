@@ -21,8 +21,9 @@ Rules kept here (each is why a fast path is not taken):
 * ``header.version.major`` must be 1; otherwise ``prev_api`` is walked for a major-1 table.
   Minor 2 and later share this layout. The two functions used must not be NULL.
 * ``torch.Tensor``: the C function exports tensors that torch's ``__dlpack__`` refuses
-  (``requires_grad``, the conjugate bit, non-strided layouts) and ignores torch function modes;
-  such tensors take the protocol path, which raises torch's own ``BufferError``.
+  (``requires_grad``, the conjugate bit) and ignores torch function modes; such tensors take
+  the protocol path, which raises torch's own ``BufferError``. (Sparse and other non-strided
+  tensors make the C function fail, which also falls back.)
 * The ``no_sync`` functions do no stream synchronisation: a caller importing memory that
   streams write to must order its work after ``current_work_stream`` itself.
 """
@@ -254,16 +255,15 @@ def _torch_guard(tp: type) -> Callable[[Any], bool] | None:
         return None
     guard = _TORCH_GUARDS.get(tp)
     if guard is None:
-        strided = torch.strided
-        has_torch_function = torch.overrides.has_torch_function_unary
+        # Non-strided layouts (sparse, mkldnn) need no check: they have no storage, so the C
+        # function fails and the protocol raises torch's own error.
 
-        def guard(t: Any) -> bool:
-            return not (
-                t.requires_grad
-                or has_torch_function(t)
-                or t.is_conj()
-                or t.layout is not strided
-            )
+        def torch_guard(
+            t: Any,
+            _has_torch_function: Any = torch.overrides.has_torch_function_unary,
+            _is_conj: Any = torch.Tensor.is_conj,
+        ) -> bool:
+            return not (t.requires_grad or _has_torch_function(t) or _is_conj(t))
 
-        _TORCH_GUARDS[tp] = guard
+        guard = _TORCH_GUARDS[tp] = torch_guard
     return guard

@@ -484,6 +484,7 @@ def test_torch_values_match_protocol(torch: Any, monkeypatch: pytest.MonkeyPatch
         torch.tensor(3.5),
         torch.empty((0, 3)),
         torch.ones(2, 3, dtype=torch.bfloat16),
+        torch.ones(2, dtype=torch.complex64).conj().imag,  # the negative bit: exported as is
     ]
 
     def describe(t: Any) -> list[Any]:
@@ -501,6 +502,23 @@ def test_torch_values_match_protocol(torch: Any, monkeypatch: pytest.MonkeyPatch
     got = [describe(t) for t in tensors]
     monkeypatch.setitem(exchange._BY_TYPE, torch.Tensor, None)
     assert got == [describe(t) for t in tensors]
+
+
+def test_torch_function_mode_takes_the_protocol(torch: Any) -> None:
+    seen: list[str] = []
+
+    class Recorder(torch.overrides.TorchFunctionMode):
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            seen.append(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    t = torch.arange(3.0)
+    with Recorder():
+        imported = dl.from_dlpack(t)
+    assert "__dlpack__" in seen
+    assert imported.data == t.data_ptr()
 
 
 def test_without_torch(run_python: Any) -> None:
