@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from dlpack_ctypes import _capi
+from dlpack_ctypes import _capi, _claim
 from dlpack_ctypes._blocks import (
     C_STRIDES,
     DEVICE_TYPES,
@@ -295,6 +295,10 @@ NUMPY_EXPORTER_KEEPS_RULES: Final = _numpy_keeps_1_3()
 _get_pointer = _capi.PyCapsule_GetPointer
 _ADDR_VERSIONED: Final = _capi.ADDR_DLTENSOR_VERSIONED
 _pack_u32 = struct.Struct("@I").pack_into
+_POINTER_OFFSET: Final = _claim.POINTER_OFFSET
+_unpack_pointer_and_name = struct.Struct("@PP").unpack_from
+# The name pointer of the last numpy capsule PyCapsule_GetPointer accepted as versioned.
+_NUMPY_VERSIONED_NAME: list[int] = [0]
 
 
 def numpy_dlpack(
@@ -316,7 +320,16 @@ def numpy_dlpack(
     capsule: CapsuleType = array.__dlpack__(max_version=max_version, dl_device=dl_device,
                                             copy=copy)
     if NUMPY_EXPORTER_KEEPS_RULES and max_version is not None and max_version[0] >= 1:
-        ptr = _get_pointer(capsule, _ADDR_VERSIONED)
+        if _POINTER_OFFSET is None:
+            ptr = _get_pointer(capsule, _ADDR_VERSIONED)
+        else:
+            # numpy names its capsules with one static string: once PyCapsule_GetPointer has
+            # accepted a capsule with that name pointer, the next ones are read directly from
+            # the capsule object (the field offsets are self-checked at import).
+            ptr, name = _unpack_pointer_and_name(_capi.MEM, id(capsule) + _POINTER_OFFSET)
+            if name != _NUMPY_VERSIONED_NAME[0]:
+                ptr = _get_pointer(capsule, _ADDR_VERSIONED)
+                _NUMPY_VERSIONED_NAME[0] = name
         if ptr:
             _pack_u32(_capi.MEM, ptr + 4, DLPACK_MINOR_VERSION)
     return capsule

@@ -49,3 +49,16 @@ def test_common_request_results() -> None:
     assert dl.negotiate(CPU, max_version=(0, 8)) == (False, False, CPU)
     with pytest.raises(TypeError, match="max_version must be a pair of integers"):
         dl.negotiate(CPU, max_version=(1,))
+
+
+def test_numpy_export_tagged_on_every_call() -> None:
+    # The first capsule is read through PyCapsule_GetPointer, the next ones from the capsule
+    # object's fields: each must be tagged and point at the array.
+    a = np.arange(6, dtype=np.float32)
+    expected = (1, 3) if dl.NUMPY_EXPORTER_KEEPS_RULES else (1, 0)
+    for _ in range(3):
+        with dl.consume(dl.numpy_dlpack(a, max_version=(1, 0))) as t:
+            assert t.version == expected
+            assert t.data == a.ctypes.data
+    with dl.consume(dl.numpy_dlpack(a), legacy_writable=True) as legacy:
+        assert legacy.version is None
