@@ -333,7 +333,7 @@ def export(
         name = _capi.ADDR_DLTENSOR
     try:
         _live[addr] = (block, owner)
-        capsule = _new(addr, name, None)
+        capsule: CapsuleType = _new(addr, name, None)
         _pending.append((capsule, block, addr, name))
         if len(_pending) > SWEEP_LIMIT:
             _step(EXPORT_SWEEP_STEP)
@@ -341,4 +341,4 @@ def export(
         # The capsule never reached the caller, so nobody can have consumed it.
         _live.pop(addr, None)
         raise
-    return cast("CapsuleType", capsule)
+    return capsule
