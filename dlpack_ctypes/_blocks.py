@@ -108,6 +108,8 @@ PENDING: collections.deque[tuple[object, object, int, int]] = collections.deque(
 _capi.immortalize(PENDING)
 # Re-entrant: dropping an owner during a sweep can run user finalisers that call flush().
 _SWEEP_LOCK = threading.RLock()
+_OWNER: list[int] = [0]  # the thread sweeping now (0: none)
+_get_ident = threading.get_ident
 _getrefcount = sys.getrefcount
 _is_valid = _capi.PyCapsule_IsValid
 _NAME_OFFSET: Final = _capi.CAPSULE_NAME_OFFSET
@@ -122,28 +124,33 @@ def _sweep(budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int =
     block: the block stays in the entry, so a recycled address can never be mistaken for it),
     when a consumer renamed the capsule (the consumer owns it now), or when nobody else
     references the still-fresh capsule (released here). Held, fresh capsules go to the back.
+
+    Callers hold the sweep lock, so the front entry is this sweep's until it moves it. It is
+    read in place and only then rotated or removed: an exception at any point (an asynchronous
+    one included) leaves every entry in the queue, never in a local variable only.
     """
     mem = _MEM
     offset = _NAME_OFFSET
     for _ in range(min(budget, len(pending))):
         try:
-            entry = pending.popleft()
+            cap, block, addr, fresh = pending[0]
         except IndexError:
             break
-        cap, block, addr, fresh = entry
         found = live.get(addr)
-        if found is None or found[0] is not block:
-            continue  # a consumer already ran our deleter
-        if offset is not None:
-            renamed = _unpack_ptr(mem, id(cap) + offset)[0] != fresh
-        else:
-            renamed = not _is_valid(cap, fresh)
-        if renamed:
-            continue  # consumed: the consumer calls the deleter
-        if _getrefcount(cap) > rc_base:
-            pending.append(entry)  # still held by someone, unconsumed
-            continue
-        deleter_impl(addr, live)  # dropped without being consumed
+        if found is not None and found[0] is block:
+            if offset is not None:
+                renamed = _unpack_ptr(mem, id(cap) + offset)[0] != fresh
+            else:
+                renamed = not _is_valid(cap, fresh)
+            if not renamed:
+                # The queue's entry, the unpacked local and getrefcount's argument hold it.
+                if _getrefcount(cap) > rc_base:
+                    pending.rotate(-1)  # still held by someone, unconsumed
+                    continue
+                deleter_impl(addr, live)  # dropped without being consumed
+        # Gone (our deleter ran), renamed (the consumer calls it), or released just now.
+        del cap
+        pending.popleft()
     return len(pending)
 
 
@@ -176,8 +183,7 @@ def flush() -> int:
         The number of exports still alive afterwards (consumed but not yet released by their
         consumer, or capsules still referenced).
     """
-    with _SWEEP_LOCK:
-        _sweep(len(PENDING), PENDING, LIVE, _RC_BASE)
+    _locked_sweep(len(PENDING))
     return len(LIVE)
 
 
@@ -191,13 +197,23 @@ def pending_count() -> int:
     return len(PENDING)
 
 
-def _step(budget: int) -> None:
-    # Never waits: another thread sweeping already makes progress.
-    if _SWEEP_LOCK.acquire(blocking=False):
+def _locked_sweep(budget: int) -> None:
+    # Releasing an export can run finalisers that export, collect garbage or flush: such a
+    # nested sweep on the sweeping thread is skipped (the outer sweep owns the queue's front).
+    me = _get_ident()
+    if _OWNER[0] == me:
+        return
+    # A with-statement (not a non-blocking acquire whose result could be lost to an asynchronous
+    # exception) so the lock is always released; sweeps are short, so waiting is cheap.
+    with _SWEEP_LOCK:
+        _OWNER[0] = me
         try:
             _sweep(budget, PENDING, LIVE, _RC_BASE)
         finally:
-            _SWEEP_LOCK.release()
+            _OWNER[0] = 0
+
+
+_step = _locked_sweep
 
 
 def _on_gc(phase: str, info: dict[str, int]) -> None:

@@ -20,6 +20,7 @@ racing on the same capsule is then not excluded (documented).
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import sys
 import threading
@@ -58,6 +59,16 @@ POINTER_OFFSET: Final = None if NAME_OFFSET is None else NAME_OFFSET - ctypes.si
 
 #: Serialises claims in ``"lock"`` mode (and nothing else).
 LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A thread that held the lock at fork() does not exist in the child.
+    global LOCK
+    LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # --------------------------------------------------------------------------------------------
 # Per-thread slots: an 8-byte "expected" cell for the compare-and-swap, then this thread's own

@@ -119,7 +119,10 @@ class DLPackTensor:
         raise TypeError("DLPackTensor is made by dlpack_ctypes.from_dlpack() or consume()")
 
     def __del__(self) -> None:
-        fns = self._fn
+        try:
+            fns = self._fn
+        except AttributeError:  # made by blank() but interrupted before it set _fn
+            return
         if fns:
             try:
                 fn = fns.pop()

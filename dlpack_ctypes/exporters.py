@@ -97,6 +97,13 @@ def data_pointer(array: np.ndarray[Any, Any]) -> int:
 
 
 def _numpy_strides(a: np.ndarray[Any, Any]) -> tuple[int, ...]:
+    """``a``'s real strides in elements, as numpy's own exporter sends them.
+
+    Size-1 dimensions keep whatever stride the array has (numpy's C-contiguity flag ignores
+    them, but consumers such as torch see the stride). A stride that is not a whole number of
+    elements is allowed only where numpy's exporter allows it (size-1 dimensions) and is then
+    divided the way C divides, towards zero.
+    """
     it = a.itemsize
     st = a.strides
     es = tuple([s // it for s in st])
@@ -105,16 +112,32 @@ def _numpy_strides(a: np.ndarray[Any, Any]) -> tuple[int, ...]:
         return es
     fixed = []
     for n, s in zip(a.shape, st):
-        if n <= 1:
-            fixed.append(0)
-        elif s % it:
+        if s % it and n > 1:
             raise BufferError(
                 f"cannot export a numpy array whose byte strides are not multiples of its "
                 f"itemsize: strides={st}, itemsize={it}"
             )
-        else:
-            fixed.append(s // it)
+        fixed.append(s // it if s >= 0 else -(-s // it))
     return tuple(fixed)
+
+
+_C_BYTE_STRIDES: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
+
+
+def _strides_of(a: np.ndarray[Any, Any], c_contiguous: bool) -> tuple[int, ...]:
+    """Element strides of ``a`` (memoised C strides when its byte strides are exactly C's)."""
+    shape = a.shape
+    if c_contiguous:
+        st = a.strides
+        key = (shape, a.itemsize)
+        if _C_BYTE_STRIDES.get(key) == st:
+            return C_STRIDES.get(shape) or c_strides(shape)
+        if st == tuple([s * a.itemsize for s in c_strides(shape)]):
+            if len(_C_BYTE_STRIDES) > 4096:
+                _C_BYTE_STRIDES.clear()
+            _C_BYTE_STRIDES[key] = st
+            return c_strides(shape)
+    return _numpy_strides(a)
 
 
 def _numpy_dlpack(
@@ -145,9 +168,7 @@ def _numpy_dlpack(
     shape = a.shape
     if len(shape) > MAX_NDIM:
         check_shape(shape, None)
-    strides = C_STRIDES.get(shape) if flags.c_contiguous else _numpy_strides(a)
-    if strides is None:
-        strides = c_strides(shape)
+    strides = _strides_of(a, flags.c_contiguous)
     return export(
         a, _array_data(a), shape, strides, from_numpy_dtype(a.dtype), device, versioned,
         (DLPACK_FLAG_BITMASK_READ_ONLY if readonly else 0)
@@ -241,7 +262,7 @@ class BufferExporter:
         self._owner = array
         self._data = _array_data(array)
         self._shape = shape
-        self._strides = c_strides(shape) if flags.c_contiguous else _numpy_strides(array)
+        self._strides = _strides_of(array, flags.c_contiguous)
         self._dtype = from_numpy_dtype(array.dtype)
         self._device = (1, 0)
         self._readonly = not flags.writeable
