@@ -76,7 +76,8 @@ _CURRENT_WORK_STREAM: Final = ctypes.PYFUNCTYPE(
     ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p
 )
 
-_MEM: Final = memoryview((ctypes.c_char * sys.maxsize).from_address(0)).cast("B")
+_MEM: Final = _capi.MEM
+_adopt: Final = adopt
 _unpack_ptr: Final = struct.Struct("@P").unpack_from
 
 
@@ -156,8 +157,18 @@ class ExchangeAPI:
             BufferError: an invalid tensor (as :func:`dlpack_ctypes.consume`).
             Exception: whatever ``check`` raises.
         """
-        address = self.managed_tensor(obj)
-        return adopt(address, check=check) if address else None
+        # managed_tensor() inlined: this is the import's hot path.
+        guard = self._guard
+        if guard is not None and not guard(obj):
+            return None
+        cell = _cell.address
+        try:
+            if self._from_py_object(obj, cell):
+                return None
+        except Exception:
+            return None
+        (address,) = _unpack_ptr(_MEM, cell)
+        return _adopt(address, check=check) if address else None
 
     def current_work_stream(self, device_type: int, device_id: int) -> int:
         """The producer's current stream on ``(device_type, device_id)`` (0: none/default).
