@@ -122,8 +122,8 @@ def _sweep(budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int =
 
     An entry leaves the queue when its deleter already ran (the registry no longer holds *its*
     block: the block stays in the entry, so a recycled address can never be mistaken for it),
-    when a consumer renamed the capsule (the consumer owns it now), or when nobody else
-    references the still-fresh capsule (released here). Held, fresh capsules go to the back.
+    or when nobody else references the capsule: renamed, the consumer owns it; still fresh, it
+    was dropped unconsumed and is released here. Held capsules go to the back.
 
     Callers hold the sweep lock, so the front entry is this sweep's until it moves it. It is
     read in place and only then rotated or removed: an exception at any point (an asynchronous
@@ -138,17 +138,20 @@ def _sweep(budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int =
             break
         found = live.get(addr)
         if found is not None and found[0] is block:
+            # The queue's entry, the unpacked local and getrefcount's argument hold it. A held
+            # capsule stays queued even when renamed: a consumer still holding it may yet undo
+            # its claim (it does when interrupted before the import completes).
+            if _getrefcount(cap) > rc_base:
+                pending.rotate(-1)
+                continue
             if offset is not None:
                 renamed = _unpack_ptr(mem, id(cap) + offset)[0] != fresh
             else:
                 renamed = not _is_valid(cap, fresh)
             if not renamed:
-                # The queue's entry, the unpacked local and getrefcount's argument hold it.
-                if _getrefcount(cap) > rc_base:
-                    pending.rotate(-1)  # still held by someone, unconsumed
-                    continue
                 deleter_impl(addr, live)  # dropped without being consumed
-        # Gone (our deleter ran), renamed (the consumer calls it), or released just now.
+        # Gone (our deleter ran), dropped after a consumer renamed it (the consumer calls the
+        # deleter), or released just now.
         del cap
         pending.popleft()
     return len(pending)

@@ -24,7 +24,6 @@ import os
 import struct
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any, Final, cast
 
 from dlpack_ctypes import _capi
@@ -33,12 +32,15 @@ from dlpack_ctypes.abi import NAME_DLTENSOR, NAME_DLTENSOR_VERSIONED
 __all__ = [
     "CAS",
     "FRESH_KINDS",
+    "KINDS",
     "KIND_LEGACY",
     "KIND_VERSIONED",
     "LOCK",
     "MODE",
     "NAME_OFFSET",
     "POINTER_OFFSET",
+    "SEQ_CST",
+    "SLOTS",
     "classify",
     "name_error",
     "thread_slot",
@@ -77,12 +79,17 @@ if hasattr(os, "register_at_fork"):
 _USED_LEGACY = b"used_dltensor\0"
 _USED_VERSIONED = b"used_dltensor_versioned\0"
 _SLOT_WORDS: Final = 6  # 8 + 14 + 24 = 46 bytes
-_SLOTS: dict[int, tuple[int, int, int]] = {}
+#: thread id -> (expected cell, used legacy name, used versioned name: addresses; then the
+#: ctypes arguments of :data:`CAS`: the field pointer (set per call), the expected cell, the two
+#: used names).
+_SLOTS: dict[int, tuple[Any, ...]] = {}
 _capi.immortalize(_SLOTS)
+#: The per-thread slots, for callers that inline :func:`thread_slot`'s lookup.
+SLOTS: Final = _SLOTS
 _get_ident = threading.get_ident
 
 
-def _new_slot(ident: int) -> tuple[int, int, int]:
+def _new_slot(ident: int) -> tuple[Any, ...]:
     buf = (ctypes.c_uint64 * _SLOT_WORDS)()
     _capi.immortalize(buf)
     base = ctypes.addressof(buf)
@@ -90,12 +97,15 @@ def _new_slot(ident: int) -> tuple[int, int, int]:
     versioned = legacy + len(_USED_LEGACY)
     ctypes.memmove(legacy, _USED_LEGACY, len(_USED_LEGACY))
     ctypes.memmove(versioned, _USED_VERSIONED, len(_USED_VERSIONED))
-    slot = _SLOTS[ident] = (base, legacy, versioned)
+    slot = _SLOTS[ident] = (
+        base, legacy, versioned, ctypes.c_void_p(0), ctypes.c_void_p(base),
+        ctypes.c_uint64(legacy), ctypes.c_uint64(versioned),
+    )
     return slot
 
 
-def thread_slot() -> tuple[int, int, int]:
-    """``(expected cell, used legacy name, used versioned name)`` addresses of this thread."""
+def thread_slot() -> tuple[Any, ...]:
+    """This thread's claim slot (see ``_SLOTS``)."""
     ident = _get_ident()
     return _SLOTS.get(ident) or _new_slot(ident)
 
@@ -107,6 +117,9 @@ def thread_slot() -> tuple[int, int, int]:
 # strings, so few addresses ever appear; each hit is re-verified against the bytes (a heap
 # string freed and reused for another name must not be trusted).
 _KINDS: dict[int, tuple[bytes, int]] = {}
+#: name pointer -> (the bytes it held, NUL included; kind): read-only for callers that inline
+#: the cached path of :func:`classify`.
+KINDS: Final = _KINDS
 #: Capsule names a consumer may claim, and their kinds.
 FRESH_KINDS: Final = {NAME_DLTENSOR: KIND_LEGACY, NAME_DLTENSOR_VERSIONED: KIND_VERSIONED}
 
@@ -148,38 +161,45 @@ def classify(name: int) -> int:
 # The compare-and-swap
 
 
-def _load_cas() -> Callable[[int, int, int, int, int], bool] | None:
-    proto = ctypes.PYFUNCTYPE(  # the GIL stays held: nothing can run between read and write
-        ctypes.c_bool, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int,
-        ctypes.c_int,
-    )
+#: The memory order argument (``__ATOMIC_SEQ_CST``), as a ready ctypes object.
+SEQ_CST: Final = ctypes.c_int(5)
+_capi.immortalize(SEQ_CST)
+
+
+def _load_cas() -> Any:
+    # Called without argtypes, with ctypes objects only: a third cheaper than converting ints.
+    # The library object is private to this module, so setting restype touches nobody else's.
     for lib in (None, "libatomic.so.1", "libatomic.dylib"):
         try:
-            fn = proto(("__atomic_compare_exchange_8", ctypes.CDLL(lib)))
+            fn = ctypes.PyDLL(lib).__atomic_compare_exchange_8  # the GIL stays held
         except (OSError, AttributeError):
             continue
+        fn.restype = ctypes.c_bool
         _capi.immortalize(fn)
-        return cast("Callable[[int, int, int, int, int], bool]", fn)
+        return fn
     return None
 
 
-def _self_check(cas: Callable[[int, int, int, int, int], bool]) -> bool:
+def _self_check(cas: Any) -> bool:
     # Run the exact claim on a probe capsule: a successful swap, then a failing one that must
     # leave the field alone and report what it found.
     if NAME_OFFSET is None or sys.implementation.name != "cpython":
         return False
     first, second = _capi.ADDR_DLTENSOR, _capi.ADDR_USED_DLTENSOR
     capsule = _capi.PyCapsule_New(first, first, None)
-    field = id(capsule) + NAME_OFFSET
+    field = ctypes.c_void_p(id(capsule) + NAME_OFFSET)
     cell = (ctypes.c_uint64 * 1)()
     addr = ctypes.addressof(cell)
+    expected = ctypes.c_void_p(addr)
     _pack_ptr(_MEM, addr, first)
-    if not cas(field, addr, second, 5, 5) or _capi.PyCapsule_GetName(capsule) != (
-        b"used_dltensor"
+    if not cas(field, expected, ctypes.c_uint64(second), SEQ_CST, SEQ_CST) or (
+        _capi.PyCapsule_GetName(capsule) != b"used_dltensor"
     ):
         return False
     _pack_ptr(_MEM, addr, first)
-    if cas(field, addr, first, 5, 5) or _unpack_ptr(_MEM, addr)[0] != second:
+    if cas(field, expected, ctypes.c_uint64(first), SEQ_CST, SEQ_CST) or (
+        _unpack_ptr(_MEM, addr)[0] != second
+    ):
         return False
     return bool(_capi.PyCapsule_GetPointer(capsule, second) == first)
 
@@ -192,7 +212,8 @@ def _choose() -> tuple[Any, str]:
 
 
 _cas, _mode = _choose()
-#: ``__atomic_compare_exchange_8(field, expected cell, desired, SEQ_CST, SEQ_CST)``, or None.
-CAS: Final[Callable[[int, int, int, int, int], bool] | None] = _cas
+#: ``__atomic_compare_exchange_8(field, expected cell, desired, SEQ_CST, SEQ_CST)`` taking
+#: ctypes objects (``c_void_p``, ``c_void_p``, ``c_uint64``, :data:`SEQ_CST` twice), or None.
+CAS: Final[Any] = _cas
 #: ``"cas"`` (atomic claims) or ``"lock"`` (claims serialised among this package's consumers).
 MODE: Final[str] = _mode

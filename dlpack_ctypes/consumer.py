@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -30,13 +31,16 @@ _CapsuleType = _capi.CapsuleType
 _unpack_pp = struct.Struct("@PP").unpack_from
 _unpack_ptr = struct.Struct("@P").unpack_from
 _pack_ptr = struct.Struct("@P").pack_into
-_SEQ_CST: Final = 5
 _cas = _claim.CAS
+_SEQ_CST: Final = _claim.SEQ_CST
 _NAME_OFFSET: Final = _claim.NAME_OFFSET or 0
 _POINTER_OFFSET: Final = _claim.POINTER_OFFSET or 0
+_SLOTS = _claim.SLOTS
 _thread_slot = _claim.thread_slot
 _classify = _claim.classify
-_blank = blank
+_KINDS = _claim.KINDS
+_get_ident = threading.get_ident
+_new_tensor = object.__new__
 _fill = fill
 _deleter_for = deleter_for
 _exchange_api = exchange_api
@@ -81,17 +85,27 @@ def consume(
     if cas is None:
         return _consume_locked(capsule, check, legacy_writable)
     mem = _MEM
-    tensor = _blank()
+    tensor = _new_tensor(DLPackTensor)
+    tensor._fn = None
+    tensor._closed = False
+    tensor.__array_interface__ = None
     base = id(capsule)
     field = base + _NAME_OFFSET
-    slot = _thread_slot()
+    slot = _SLOTS.get(_get_ident()) or _thread_slot()
     fresh = 0
     try:
         pointer, name = _unpack_pp(mem, base + _POINTER_OFFSET)
-        kind = _classify(name)
+        known = _KINDS.get(name)
+        if known is not None and mem[name:name + len(known[0])] == known[0]:
+            kind = known[1]
+        else:
+            kind = _classify(name)
         fresh = name  # from here on, an exception checks whether this call holds the claim
         _pack_ptr(mem, slot[0], name)
-        if not cas(field, slot[0], slot[2] if kind else slot[1], _SEQ_CST, _SEQ_CST):
+        # No bytecode between setting the per-thread field argument and the call can run a
+        # signal handler or a collection, so the argument cannot change under it.
+        slot[3].value = field
+        if not cas(slot[3], slot[4], slot[6] if kind else slot[5], _SEQ_CST, _SEQ_CST):
             raise _claim.name_error(ctypes.string_at(_unpack_ptr(mem, slot[0])[0]))
         deleter = _fill(tensor, pointer, kind == KIND_VERSIONED, check, legacy_writable)
         tensor._fn = [_deleter_for(deleter)] if deleter else []  # owned from here on
@@ -102,7 +116,7 @@ def consume(
     return tensor
 
 
-def _undo(field: int, slot: tuple[int, int, int], fresh: int) -> None:
+def _undo(field: int, slot: tuple[Any, ...], fresh: int) -> None:
     # Only this thread renames to its own used_ strings, so finding one of them in the field
     # proves that this call's claim succeeded (even if its result was lost to an exception).
     mem = _MEM
@@ -110,7 +124,7 @@ def _undo(field: int, slot: tuple[int, int, int], fresh: int) -> None:
     cas = _cas
     if cas is not None and (current == slot[1] or current == slot[2]):
         _pack_ptr(mem, slot[0], current)
-        cas(field, slot[0], fresh, _SEQ_CST, _SEQ_CST)
+        cas(ctypes.c_void_p(field), slot[4], ctypes.c_uint64(fresh), _SEQ_CST, _SEQ_CST)
 
 
 def _consume_locked(
@@ -120,7 +134,7 @@ def _consume_locked(
 ) -> DLPackTensor:
     # Without the compare-and-swap: claims among this package's consumers are serialised by a
     # lock; a foreign consumer racing on the same capsule is not excluded (documented).
-    tensor = _blank()
+    tensor = blank()
     fresh = 0
     try:
         with _claim.LOCK:
