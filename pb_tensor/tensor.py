@@ -232,14 +232,14 @@ class Tensor:
                 if device_fn is None or not hasattr(tensor, "__dlpack__"):
                     raise TritonModelException(_NOT_A_PRODUCER)
                 device_type, device_id = device_fn()
-                device_type = int(device_type)
-                if device_type == _KDL_CUDA:
-                    imported = _import_gpu(tensor, int(device_id))
-                elif device_type in (_KDL_CPU, _KDL_CUDA_HOST):
+                # Compared as returned (an IntEnum or an int): int() only where it is needed.
+                if device_type in (_KDL_CPU, _KDL_CUDA_HOST):
                     # exchange=False: the exchange API was tried above.
                     imported = dl.from_dlpack(tensor, check=_check_importable, exchange=False)
+                elif device_type == _KDL_CUDA:
+                    imported = _import_gpu(tensor, int(device_id))
                 else:
-                    raise _device_error(device_type)
+                    raise _device_error(int(device_type))
         except ValueError as exc:
             # A consumed or foreign capsule: Triton model code catches TritonModelException.
             raise TritonModelException(str(exc)) from exc
