@@ -31,6 +31,7 @@ Rules kept here (each is why a fast path is not taken):
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import sys
 import threading
@@ -192,6 +193,17 @@ _capi.immortalize(_BY_ADDRESS)
 # Producer types seen -> their usable table, or None.
 _BY_TYPE: dict[type, ExchangeAPI | None] = {}
 _lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held the lock when the process forked; it does not exist in the
+    # child, so the child gets a fresh lock (the caches themselves stay valid).
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def exchange_api(tp: type) -> ExchangeAPI | None:

@@ -539,3 +539,37 @@ def test_without_torch(run_python: Any) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok\n"
+
+
+def test_fork_while_another_thread_holds_the_discovery_lock(run_python: Any) -> None:
+    # A child forked while another thread is inside discovery must not hang on its lock.
+    result = run_python(
+        """
+        import os, sys, threading
+        import numpy as np
+        from dlpack_ctypes import exchange
+        held, release = threading.Event(), threading.Event()
+
+        def hold():
+            with exchange._lock:
+                held.set()
+                release.wait()
+
+        t = threading.Thread(target=hold)
+        t.start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            kind = type("Fresh", (), {})
+            ok = exchange.exchange_api(kind) is None and exchange.exchange_api(np.ndarray) is None
+            os._exit(0 if ok else 1)
+        release.set()
+        t.join()
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+        """,
+        timeout=30,
+        warnings_as_errors=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "0\n"
