@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 from dlpack_ctypes._blocks import (
     EXPORT_SWEEP_STEP,
+    GC_SWEEP_EVERY,
     GC_SWEEP_STEP,
     SWEEP_LIMIT,
     c_strides,
@@ -42,6 +43,7 @@ from dlpack_ctypes.dtypes import DataType
 
 __all__ = [
     "EXPORT_SWEEP_STEP",
+    "GC_SWEEP_EVERY",
     "GC_SWEEP_STEP",
     "HOST_DEVICES",
     "SWEEP_LIMIT",
