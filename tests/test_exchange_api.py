@@ -415,6 +415,23 @@ def test_gpu_without_cuda_same_error_released_once(
     assert fast.requests == ["from_py_object"]
 
 
+def test_gpu_sync_failure_same_error_released_once(
+    fake: FakeCudaRuntime, gpu_table: FakeExchange, make_capsule: CapsuleFactory
+) -> None:
+    kwargs: dict[str, Any] = {"device": (2, 1), "data": 0x7F00_0000_3000}
+    host = np.ones(4, np.float32)
+    fast = gpu_table.producer_type()(make_capsule, host, **kwargs)
+    slow = PlainProducer(make_capsule, host, **kwargs)
+    fake.fail("cudaStreamSynchronize", 719)
+    got = _error(lambda: Tensor.from_dlpack("x", fast))
+    fake.fail("cudaStreamSynchronize", 719)
+    assert got == _error(lambda: Tensor.from_dlpack("x", slow))
+    assert got[0] is cuda.CudaError
+    assert got[1].startswith("Failed to synchronize CUDA device with id 1: cudaErrorLaunchFailure")
+    assert fake.current == 0  # the caller's device is restored
+    # make_capsule checks that the exchanged tensor was released exactly once.
+
+
 # ---------------------------------------------------------------------------------------------
 # torch: a real table
 
