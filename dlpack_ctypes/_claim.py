@@ -217,3 +217,4 @@ _cas, _mode = _choose()
 CAS: Final[Any] = _cas
 #: ``"cas"`` (atomic claims) or ``"lock"`` (claims serialised among this package's consumers).
 MODE: Final[str] = _mode
+thread_slot()  # the importing thread's slot exists before any claim can run short of memory
