@@ -24,7 +24,7 @@ from dlpack_ctypes.abi import (
 )
 from dlpack_ctypes.dtypes import VALID_BITS, DataType
 
-__all__ = ["DLPackTensor", "adopt", "blank", "deleter_for", "fill"]
+__all__ = ["DELETERS", "DLPackTensor", "adopt", "blank", "deleter_for", "fill"]
 
 _MEM: Final = _capi.MEM
 _VERSIONED_HEAD = struct.Struct("@IIPPQ")  # version, manager_ctx, deleter, flags
@@ -51,6 +51,8 @@ _INTP_MAX: Final = 2**63 - 1
 # and re-taking a held GIL is fine); this saves a GIL release/acquire per tensor.
 _FOREIGN_DELETERS: dict[int, Callable[[int], None]] = {DELETER_ADDRESS: deleter_impl}
 _capi.immortalize(_FOREIGN_DELETERS)
+#: The memo behind :func:`deleter_for` (read-only for callers that inline its lookup).
+DELETERS: Final = _FOREIGN_DELETERS
 
 
 def deleter_for(address: int) -> Callable[[int], None]:
@@ -327,9 +329,14 @@ def fill(
         shape = unpack(mem, shape_ptr)
         if not data or min(shape) <= 0:
             _check_sizes(shape, data)
-        strides = unpack(mem, strides_ptr) if strides_ptr else _c_strides(shape)
-        if max(strides) >= _SAFE_STRIDE or min(strides) <= -_SAFE_STRIDE:
-            _check_strides(strides, bits, lanes)
+        if strides_ptr:
+            strides = unpack(mem, strides_ptr)
+            if max(strides) >= _SAFE_STRIDE or min(strides) <= -_SAFE_STRIDE:
+                _check_strides(strides, bits, lanes)
+        else:
+            # C strides of a shape whose dimensions are all >= 0; too large ones make numpy()
+            # raise BufferError instead.
+            strides = _c_strides(shape)
     elif not data:
         raise BufferError("invalid DLPack tensor: NULL data pointer for a 0-d tensor")
     else:

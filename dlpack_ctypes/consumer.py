@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from dlpack_ctypes import _capi, _claim
 from dlpack_ctypes._claim import KIND_VERSIONED
-from dlpack_ctypes._tensor import DLPackTensor, blank, deleter_for, fill
+from dlpack_ctypes._tensor import DELETERS, DLPackTensor, blank, deleter_for, fill
 from dlpack_ctypes.exchange import STREAMLESS_DEVICES, exchange_api
 
 __all__ = ["DLPackTensor", "consume", "from_dlpack"]
@@ -43,6 +43,7 @@ _get_ident = threading.get_ident
 _new_tensor = object.__new__
 _fill = fill
 _deleter_for = deleter_for
+_DELETERS = DELETERS
 _exchange_api = exchange_api
 _STREAMLESS: Final = STREAMLESS_DEVICES
 
@@ -108,7 +109,10 @@ def consume(
         if not cas(slot[3], slot[4], slot[6] if kind else slot[5], _SEQ_CST, _SEQ_CST):
             raise _claim.name_error(ctypes.string_at(_unpack_ptr(mem, slot[0])[0]))
         deleter = _fill(tensor, pointer, kind == KIND_VERSIONED, check, legacy_writable)
-        tensor._fn = [_deleter_for(deleter)] if deleter else []  # owned from here on
+        if deleter:
+            tensor._fn = [_DELETERS.get(deleter) or _deleter_for(deleter)]  # owned from here on
+        else:
+            tensor._fn = []
     except BaseException:
         if fresh and tensor._fn is None:
             _undo(field, slot, fresh)
