@@ -75,6 +75,7 @@ class Case:
     fn: Callable[[], object]
     baseline: str | None = None
     target: float | None = None
+    low: float | None = None  # with target: the ratio must lie in [low, target]
     note: str = ""
     number: int = 1
     samples: list[float] = field(default_factory=list)  # us per call, one per round
@@ -125,14 +126,39 @@ def numeric_cases() -> tuple[list[Case], list[str]]:
     cases = [
         Case("np.from_dlpack(array)", lambda: np.from_dlpack(a), note="numpy alone: the floor"),
         Case("np.from_dlpack(tensor)", lambda: np.from_dlpack(t), "torch.from_dlpack(array)",
-             1.5),
+             0.8),
         Case("Tensor.from_dlpack('x', array)", lambda: Tensor.from_dlpack("x", a),
              "torch.from_dlpack(array)", 2.5),
         Case("Tensor('x', array)", lambda: Tensor("x", a), "torch.from_numpy(array)"),
         Case("Tensor.from_dlpack('x', tensor)", lambda: Tensor.from_dlpack("x", t),
              "torch.from_dlpack(array)"),
     ]
+    # Size independence: the same paths over 1 KB and over 1 GB that is never touched.
+    kb = aligned((16, 16), np.float32)
+    gb = np.empty((16384, 16384), dtype=np.float32)
+    t_kb, t_gb = Tensor("x", kb), Tensor("x", gb)
+    cases += [
+        Case("np.from_dlpack(tensor), 1 KB", lambda: np.from_dlpack(t_kb)),
+        Case("np.from_dlpack(tensor), 1 GB", lambda: np.from_dlpack(t_gb),
+             "np.from_dlpack(tensor), 1 KB", 1.1, low=0.9),
+    ]
     if torch is not None:
+        tt = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+        tt_kb = torch.zeros((16, 16), dtype=torch.float32)
+        tt_gb = torch.empty((16384, 16384), dtype=torch.float32)
+        shared = Tensor.from_dlpack("x", tt).data_ptr == tt.data_ptr()
+        checks.append("Tensor.from_dlpack('x', torch_tensor): "
+                      + ("zero-copy" if shared else "COPIED"))
+        cases += [
+            Case("np.from_dlpack(torch_tensor)", lambda: np.from_dlpack(tt), note="baseline (3)"),
+            Case("Tensor.from_dlpack('x', torch_tensor)", lambda: Tensor.from_dlpack("x", tt),
+                 "np.from_dlpack(torch_tensor)", 1.0),
+            Case("Tensor.from_dlpack('x', torch_tensor), 1 KB",
+                 lambda: Tensor.from_dlpack("x", tt_kb)),
+            Case("Tensor.from_dlpack('x', torch_tensor), 1 GB",
+                 lambda: Tensor.from_dlpack("x", tt_gb),
+                 "Tensor.from_dlpack('x', torch_tensor), 1 KB", 1.1, low=0.9),
+        ]
         checks.append(f"torch.from_dlpack(tensor): {_shares(torch.from_dlpack(t).data_ptr(), a)}")
         cases += [
             Case("torch.from_dlpack(array)", lambda: torch.from_dlpack(a),
@@ -196,7 +222,8 @@ def bytes_cases(pool: Any) -> list[Case]:
 
 
 def breakdown(rounds: int, target: float) -> list[Case]:
-    """Stages of Tensor.from_dlpack('x', array), each including the release it causes."""
+    """Stages of Tensor.from_dlpack('x', array) and of the torch-tensor import, each including
+    the release it causes."""
     a = aligned((2, 3), np.float32)
     check = _tensor_module._check_importable
     cases = [
@@ -208,7 +235,16 @@ def breakdown(rounds: int, target: float) -> list[Case]:
         Case("Tensor.from_dlpack('x', array)", lambda: Tensor.from_dlpack("x", a)),
     ]
     if torch is not None:
-        cases.append(Case("torch.from_dlpack(array)", lambda: torch.from_dlpack(a)))
+        tt = torch.zeros((2, 3), dtype=torch.float32)
+        cases += [
+            Case("torch.from_dlpack(array)", lambda: torch.from_dlpack(a)),
+            Case("torch_tensor.__dlpack_device__()", tt.__dlpack_device__),
+            Case("torch_tensor.__dlpack__(max_version=(1, 3))",
+                 lambda: tt.__dlpack__(max_version=(1, 3))),
+            Case("np.from_dlpack(torch_tensor)", lambda: np.from_dlpack(tt)),
+            Case("dl.from_dlpack(torch_tensor)", lambda: dl.from_dlpack(tt)),
+            Case("Tensor.from_dlpack('x', torch_tensor)", lambda: Tensor.from_dlpack("x", tt)),
+        ]
     for case in cases:
         _calibrate(case, target)
     _sample(cases, rounds)
@@ -229,6 +265,10 @@ def render(cases: list[Case]) -> tuple[str, int]:
             result, target = (c.note, "")
         elif ratio is None:
             result, target = ("not judged (no baseline)", f"<= {c.target}x")
+        elif c.low is not None:
+            ok = c.low <= ratio <= c.target
+            misses += not ok
+            result, target = ("PASS" if ok else "MISS", f"{c.low}-{c.target}x")
         else:
             ok = ratio <= c.target
             misses += not ok
@@ -278,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
               f"same-round ratios)\n{table}")
         if args.breakdown:
             stages = breakdown(rounds, target)
-            print("\nTensor.from_dlpack('x', array) by stage, median us per call:")
+            print("\nTensor.from_dlpack by stage, median us per call:")
             width = max(len(c.name) for c in stages)
             for c in stages:
                 print(f"  {c.name:<{width}}  {c.median:8.3f}")

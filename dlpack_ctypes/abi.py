@@ -31,8 +31,11 @@ __all__ = [
     "DLDeviceType",
     "DLManagedTensor",
     "DLManagedTensorVersioned",
+    "DLPackExchangeAPI",
+    "DLPackExchangeAPIHeader",
     "DLPackVersion",
     "DLTensor",
+    "NAME_DLPACK_EXCHANGE_API",
     "NAME_DLTENSOR",
     "NAME_DLTENSOR_VERSIONED",
     "NAME_USED_DLTENSOR",
@@ -94,6 +97,8 @@ NAME_DLTENSOR: Final = b"dltensor"
 NAME_DLTENSOR_VERSIONED: Final = b"dltensor_versioned"
 NAME_USED_DLTENSOR: Final = b"used_dltensor"
 NAME_USED_DLTENSOR_VERSIONED: Final = b"used_dltensor_versioned"
+#: Name of the PyCapsule in ``type(x).__dlpack_c_exchange_api__`` (DLPack 1.3 C exchange API).
+NAME_DLPACK_EXCHANGE_API: Final = b"dlpack_exchange_api"
 
 
 class DLDeviceType(enum.IntEnum):
@@ -245,6 +250,48 @@ class DLManagedTensorVersioned(ctypes.Structure):
     )
 
 
+class DLPackExchangeAPIHeader(ctypes.Structure):
+    """``DLPackExchangeAPIHeader`` (16 bytes): the part of the exchange API stable across majors.
+
+    ``prev_api`` points to an older table (an earlier major) or is NULL.
+    """
+
+
+DLPackExchangeAPIHeader._fields_ = (
+    ("version", DLPackVersion),
+    ("prev_api", ctypes.POINTER(DLPackExchangeAPIHeader)),
+)
+
+
+class DLPackExchangeAPI(ctypes.Structure):
+    """``DLPackExchangeAPI`` (56 bytes): the C function table of the DLPack 1.3 exchange API.
+
+    A producer type publishes it as ``type(x).__dlpack_c_exchange_api__``, a PyCapsule named
+    ``"dlpack_exchange_api"``, for the life of the process. The function pointers are raw
+    addresses (like the ``deleter`` fields); their C signatures, all returning 0 on success and
+    -1 with a Python exception set:
+
+    * ``managed_tensor_allocator(DLTensor* prototype, DLManagedTensorVersioned** out,
+      void* error_ctx, void (*SetError)(void*, const char*, const char*))``
+    * ``managed_tensor_from_py_object_no_sync(PyObject* obj, DLManagedTensorVersioned** out)``:
+      an owning tensor, no stream synchronisation
+    * ``managed_tensor_to_py_object_no_sync(DLManagedTensorVersioned* tensor, PyObject** out)``:
+      steals ``tensor``
+    * ``dltensor_from_py_object_no_sync(PyObject* obj, DLTensor* out)``: non-owning, valid
+      until control returns to the producer; may be NULL
+    * ``current_work_stream(DLDeviceType device_type, int32_t device_id, void** out_stream)``
+    """
+
+    _fields_ = (
+        ("header", DLPackExchangeAPIHeader),
+        ("managed_tensor_allocator", ctypes.c_void_p),
+        ("managed_tensor_from_py_object_no_sync", ctypes.c_void_p),
+        ("managed_tensor_to_py_object_no_sync", ctypes.c_void_p),
+        ("dltensor_from_py_object_no_sync", ctypes.c_void_p),
+        ("current_work_stream", ctypes.c_void_p),
+    )
+
+
 def _check_layout() -> None:
     """Fail the import if the mirrors do not match the C ABI of ``dlpack.h`` v1.3."""
     expected: tuple[tuple[type[ctypes.Structure], int, int, dict[str, int]], ...] = (
@@ -271,6 +318,20 @@ def _check_layout() -> None:
             80,
             8,
             {"version": 0, "manager_ctx": 8, "deleter": 16, "flags": 24, "dl_tensor": 32},
+        ),
+        (DLPackExchangeAPIHeader, 16, 8, {"version": 0, "prev_api": 8}),
+        (
+            DLPackExchangeAPI,
+            56,
+            8,
+            {
+                "header": 0,
+                "managed_tensor_allocator": 16,
+                "managed_tensor_from_py_object_no_sync": 24,
+                "managed_tensor_to_py_object_no_sync": 32,
+                "dltensor_from_py_object_no_sync": 40,
+                "current_work_stream": 48,
+            },
         ),
     )
     if ctypes.sizeof(ctypes.c_void_p) != 8:

@@ -18,7 +18,17 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from dlpack_ctypes import _capi
+from dlpack_ctypes import _capi, _claim
+from dlpack_ctypes._blocks import (
+    C_STRIDES,
+    DEVICE_TYPES,
+    MAX_NDIM,
+    c_strides,
+    check_shape,
+    contiguous_strides,
+    export,
+)
+from dlpack_ctypes._views import HOST_DEVICES, host_view
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -26,19 +36,8 @@ from dlpack_ctypes.abi import (
     DLDeviceType,
     kDLCPU,
 )
-from dlpack_ctypes.consumer import _MEM, _host_view
 from dlpack_ctypes.dtypes import DataType, from_numpy_dtype
-from dlpack_ctypes.producer import (
-    _C_STRIDES,
-    _DEVICE_TYPES,
-    _MAX_NDIM,
-    HOST_DEVICES,
-    _check_shape,
-    _contiguous_strides,
-    _export,
-    c_strides,
-    negotiate,
-)
+from dlpack_ctypes.producer import negotiate
 
 if TYPE_CHECKING:
     # typing_extensions is not a runtime dependency: annotations only.
@@ -98,6 +97,13 @@ def data_pointer(array: np.ndarray[Any, Any]) -> int:
 
 
 def _numpy_strides(a: np.ndarray[Any, Any]) -> tuple[int, ...]:
+    """``a``'s real strides in elements, as numpy's own exporter sends them.
+
+    Size-1 dimensions keep whatever stride the array has (numpy's C-contiguity flag ignores
+    them, but consumers such as torch see the stride). A stride that is not a whole number of
+    elements is allowed only where numpy's exporter allows it (size-1 dimensions) and is then
+    divided the way C divides, towards zero.
+    """
     it = a.itemsize
     st = a.strides
     es = tuple([s // it for s in st])
@@ -106,16 +112,32 @@ def _numpy_strides(a: np.ndarray[Any, Any]) -> tuple[int, ...]:
         return es
     fixed = []
     for n, s in zip(a.shape, st):
-        if n <= 1:
-            fixed.append(0)
-        elif s % it:
+        if s % it and n > 1:
             raise BufferError(
                 f"cannot export a numpy array whose byte strides are not multiples of its "
                 f"itemsize: strides={st}, itemsize={it}"
             )
-        else:
-            fixed.append(s // it)
+        fixed.append(s // it if s >= 0 else -(-s // it))
     return tuple(fixed)
+
+
+_C_BYTE_STRIDES: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
+
+
+def _strides_of(a: np.ndarray[Any, Any], c_contiguous: bool) -> tuple[int, ...]:
+    """Element strides of ``a`` (memoised C strides when its byte strides are exactly C's)."""
+    shape = a.shape
+    if c_contiguous:
+        st = a.strides
+        key = (shape, a.itemsize)
+        if _C_BYTE_STRIDES.get(key) == st:
+            return C_STRIDES.get(shape) or c_strides(shape)
+        if st == tuple([s * a.itemsize for s in c_strides(shape)]):
+            if len(_C_BYTE_STRIDES) > 4096:
+                _C_BYTE_STRIDES.clear()
+            _C_BYTE_STRIDES[key] = st
+            return c_strides(shape)
+    return _numpy_strides(a)
 
 
 def _numpy_dlpack(
@@ -144,12 +166,10 @@ def _numpy_dlpack(
             flags = a.flags
             readonly = False
     shape = a.shape
-    if len(shape) > _MAX_NDIM:
-        _check_shape(shape, None)
-    strides = _C_STRIDES.get(shape) if flags.c_contiguous else _numpy_strides(a)
-    if strides is None:
-        strides = c_strides(shape)
-    return _export(
+    if len(shape) > MAX_NDIM:
+        check_shape(shape, None)
+    strides = _strides_of(a, flags.c_contiguous)
+    return export(
         a, _array_data(a), shape, strides, from_numpy_dtype(a.dtype), device, versioned,
         (DLPACK_FLAG_BITMASK_READ_ONLY if readonly else 0)
         | (DLPACK_FLAG_BITMASK_IS_COPIED if make_copy else 0),
@@ -209,16 +229,16 @@ class BufferExporter:
         *,
         readonly: bool = False,
     ) -> None:
-        _check_shape(shape, strides)
+        check_shape(shape, strides)
         self._owner = owner
         self._data = int(data)
         self._shape = tuple(int(n) for n in shape)
         self._strides = tuple(
-            int(s) for s in (_contiguous_strides(shape) if strides is None else strides)
+            int(s) for s in (contiguous_strides(shape) if strides is None else strides)
         )
         self._dtype = DataType(*dtype)
         device_type = int(device[0])
-        if device_type not in _DEVICE_TYPES:
+        if device_type not in DEVICE_TYPES:
             raise ValueError(f"unknown DLPack device type: {device=!r}")
         self._device = (device_type, int(device[1]))
         self._readonly = readonly
@@ -235,14 +255,14 @@ class BufferExporter:
         if not isinstance(array, np.ndarray):
             raise TypeError(f"from_numpy expects a numpy.ndarray: got {type(array).__name__}")
         shape = array.shape
-        if len(shape) > _MAX_NDIM:
-            _check_shape(shape, None)
+        if len(shape) > MAX_NDIM:
+            check_shape(shape, None)
         flags = array.flags
         self = object.__new__(cls)
         self._owner = array
         self._data = _array_data(array)
         self._shape = shape
-        self._strides = c_strides(shape) if flags.c_contiguous else _numpy_strides(array)
+        self._strides = _strides_of(array, flags.c_contiguous)
         self._dtype = from_numpy_dtype(array.dtype)
         self._device = (1, 0)
         self._readonly = not flags.writeable
@@ -271,13 +291,13 @@ class BufferExporter:
                     f"copy=True is not supported for device memory: device={self._device!r}"
                 )
             copy_of = np.array(
-                _host_view(self._data, self._shape, self._strides, self._dtype, self), order="C"
+                host_view(self._data, self._shape, self._strides, self._dtype, self), order="C"
             )
-            return _export(copy_of, _array_data(copy_of), self._shape,
-                           tuple(_contiguous_strides(self._shape)), self._dtype, device,
+            return export(copy_of, _array_data(copy_of), self._shape,
+                           tuple(contiguous_strides(self._shape)), self._dtype, device,
                            versioned, DLPACK_FLAG_BITMASK_IS_COPIED)
         flags = DLPACK_FLAG_BITMASK_READ_ONLY if self._readonly else 0
-        return _export(self._owner, self._data, self._shape, self._strides, self._dtype,
+        return export(self._owner, self._data, self._shape, self._strides, self._dtype,
                        device, versioned, flags)
 
 
@@ -296,6 +316,10 @@ NUMPY_EXPORTER_KEEPS_RULES: Final = _numpy_keeps_1_3()
 _get_pointer = _capi.PyCapsule_GetPointer
 _ADDR_VERSIONED: Final = _capi.ADDR_DLTENSOR_VERSIONED
 _pack_u32 = struct.Struct("@I").pack_into
+_POINTER_OFFSET: Final = _claim.POINTER_OFFSET
+_unpack_pointer_and_name = struct.Struct("@PP").unpack_from
+# The name pointer of the last numpy capsule PyCapsule_GetPointer accepted as versioned.
+_NUMPY_VERSIONED_NAME: list[int] = [0]
 
 
 def numpy_dlpack(
@@ -317,9 +341,18 @@ def numpy_dlpack(
     capsule: CapsuleType = array.__dlpack__(max_version=max_version, dl_device=dl_device,
                                             copy=copy)
     if NUMPY_EXPORTER_KEEPS_RULES and max_version is not None and max_version[0] >= 1:
-        ptr = _get_pointer(capsule, _ADDR_VERSIONED)
+        if _POINTER_OFFSET is None:
+            ptr = _get_pointer(capsule, _ADDR_VERSIONED)
+        else:
+            # numpy names its capsules with one static string: once PyCapsule_GetPointer has
+            # accepted a capsule with that name pointer, the next ones are read directly from
+            # the capsule object (the field offsets are self-checked at import).
+            ptr, name = _unpack_pointer_and_name(_capi.MEM, id(capsule) + _POINTER_OFFSET)
+            if name != _NUMPY_VERSIONED_NAME[0]:
+                ptr = _get_pointer(capsule, _ADDR_VERSIONED)
+                _NUMPY_VERSIONED_NAME[0] = name
         if ptr:
-            _pack_u32(_MEM, ptr + 4, DLPACK_MINOR_VERSION)
+            _pack_u32(_capi.MEM, ptr + 4, DLPACK_MINOR_VERSION)
     return capsule
 
 

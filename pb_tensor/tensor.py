@@ -12,6 +12,8 @@ import numpy as np
 
 import dlpack_ctypes as dl
 from dlpack_ctypes.abi import DLDeviceType
+from dlpack_ctypes.exchange import ExchangeAPI
+from dlpack_ctypes.exchange import exchange_api as _exchange_api
 from pb_tensor import _pickling, bytes_codec
 from pb_tensor.dtypes import (
     MemoryType,
@@ -218,21 +220,34 @@ class Tensor:
             direct = _DIRECT_NUMPY.get(tensor.dtype.num)
             if direct is not None and tensor.dtype.isnative and tensor.flags.c_contiguous:
                 return Tensor._from_array(name, tensor, direct)
+        kind = type(tensor)
         try:
-            if type(tensor) is _CapsuleType:
+            # The DLPack 1.3 C exchange API (torch): one C call instead of __dlpack_device__
+            # and __dlpack__ in Python. None: not offered or not usable for this object.
+            api = _exchange_api(kind)
+            if api is not None:
+                imported = api.from_py_object(tensor, check=_check_importable)
+                if imported is not None:
+                    if imported.device[0] == _KDL_CUDA:
+                        _wait_for_producer(api, imported)
+                    return _fill(_new_tensor(Tensor), name, _DTYPE_OF_DL[imported.dtype],
+                                 imported.shape, _MEMORY_OF_DEVICE[imported.device[0]],
+                                 imported.device[1], None, imported, None)
+            if kind is _CapsuleType:
                 imported = dl.consume(tensor, check=_check_importable)
             else:
                 device_fn = getattr(tensor, "__dlpack_device__", None)
                 if device_fn is None or not hasattr(tensor, "__dlpack__"):
                     raise TritonModelException(_NOT_A_PRODUCER)
                 device_type, device_id = device_fn()
-                device_type = int(device_type)
-                if device_type == _KDL_CUDA:
+                # Compared as returned (an IntEnum or an int): int() only where it is needed.
+                if device_type in (_KDL_CPU, _KDL_CUDA_HOST):
+                    # exchange=False: the exchange API was tried above.
+                    imported = dl.from_dlpack(tensor, check=_check_importable, exchange=False)
+                elif device_type == _KDL_CUDA:
                     imported = _import_gpu(tensor, int(device_id))
-                elif device_type in (_KDL_CPU, _KDL_CUDA_HOST):
-                    imported = dl.from_dlpack(tensor, check=_check_importable)
                 else:
-                    raise _device_error(device_type)
+                    raise _device_error(int(device_type))
         except ValueError as exc:
             # A consumed or foreign capsule: Triton model code catches TritonModelException.
             raise TritonModelException(str(exc)) from exc
@@ -337,13 +352,35 @@ class Tensor:
                 ``dl_device``; also a ``BufferError``.
             TypeError, ValueError: malformed arguments.
         """
-        if self._dtype == TritonDtype.TYPE_BYTES:
+        array = self._array
+        dtype = self._dtype
+        if (
+            array is not None
+            and stream is None
+            and self._dl is None
+            and self._memory_type is MemoryType.CPU
+            and dtype is not TritonDtype.TYPE_BYTES
+            and dtype is not TritonDtype.TYPE_BF16
+            and _NUMPY_EXPORTS
+        ):
+            # The common case first (a tensor made from a numpy array, exported to numpy,
+            # torch or JAX): numpy's own exporter, with no other step.
+            try:
+                return _numpy_dlpack(array, max_version=max_version, dl_device=dl_device,
+                                     copy=copy)
+            except BufferError as exc:
+                raise TritonBufferError(str(exc)) from exc
+        if dtype == TritonDtype.TYPE_BYTES:
             raise TritonBufferError(_STRING_DLPACK)
         memory_type = self._memory_type
         if memory_type == MemoryType.CPU and (stream is None or stream == -1):
             array = self._array if self._array is not None else self._host_array_or_none()
-            # numpy cannot export an ml_dtypes bfloat16 view (cached by as_numpy()).
-            if array is not None and _NUMPY_EXPORTS and self._dtype is not TritonDtype.TYPE_BF16:
+            # numpy cannot export an ml_dtypes bfloat16 view (cached by as_numpy()), nor the
+            # read-only view of a legacy import as the legacy capsule it came from.
+            if (
+                array is not None and _NUMPY_EXPORTS and self._dtype is not TritonDtype.TYPE_BF16
+                and (self._dl is None or self._dl.version is not None)
+            ):
                 return _numpy_export(array, max_version, dl_device, copy)
         try:
             return self._ctypes_export(stream, max_version, dl_device, copy)
@@ -401,10 +438,13 @@ class Tensor:
                                 versioned=versioned, readonly=readonly)
 
     def _readonly(self) -> bool:
+        imported = self._dl
+        if imported is not None:
+            # A legacy import's views are read-only because the capsule could not say; its
+            # re-exports pass on what was received (no READ_ONLY flag), as upstream does.
+            return bool(imported.flags & dl.DLPACK_FLAG_BITMASK_READ_ONLY)
         if self._array is not None:
             return not self._array.flags.writeable
-        if self._dl is not None:
-            return self._dl.readonly
         return False
 
     def _export_fields(self) -> tuple[object, int, tuple[int, ...], tuple[int, ...] | None]:
@@ -657,6 +697,33 @@ def _import_gpu(producer: object, device_id: int) -> dl.DLPackTensor:
         raise cuda.CudaUnavailableError(
             f"{_GPU_UNAVAILABLE}: {exc}", exc.code, exc.error_name
         ) from exc
+
+
+def _wait_for_producer(api: ExchangeAPI, imported: dl.DLPackTensor) -> None:
+    """Order a GPU tensor imported through the exchange API (which does no synchronisation)
+    as python_backend's protocol import does: on return the data is ready for any stream.
+
+    ``__dlpack__(stream=proxy)`` makes the proxy stream wait for the producer's current stream
+    and the import then synchronises the proxy, i.e. the host waits for the work queued on the
+    producer's current stream. Here the host waits for that stream directly (its handle from
+    ``current_work_stream``), with the tensor's device current and the caller's device restored,
+    and with the protocol path's error texts. On failure the tensor is released first."""
+    from pb_tensor import cuda
+
+    device_id = imported.device[1]
+    try:
+        cuda.synchronize(api.current_work_stream(_KDL_CUDA, device_id), device=device_id)
+    except cuda.CudaUnavailableError as exc:
+        imported.close()
+        raise cuda.CudaUnavailableError(
+            f"{_GPU_UNAVAILABLE}: {exc}", exc.code, exc.error_name
+        ) from exc
+    except BaseException:
+        imported.close()
+        raise
+
+
+_numpy_dlpack: Final = dl.numpy_dlpack
 
 
 def _numpy_export(

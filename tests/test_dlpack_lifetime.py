@@ -521,7 +521,7 @@ cycle.keep = [dl.to_dlpack(a), np.from_dlpack(dl.BufferExporter.from_numpy(a)),
 del cycle
 dropped = dl.to_dlpack(a)
 del dropped  # pending, never swept before exit
-assert dl.producer._LIVE, "exports must still be alive at exit for this test"
+assert dl._blocks.LIVE, "exports must still be alive at exit for this test"
 
 mode = sys.argv[1]
 if mode == "raise":

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import dlpack_ctypes as dl
-from dlpack_ctypes import DataType, DLDeviceType, abi, consumer, dtypes
+from dlpack_ctypes import DataType, DLDeviceType, _views, abi, dtypes
 
 # numpy dtype -> (DLPack code, bits); written out, not derived from the library.
 STANDARD = {
@@ -145,14 +145,16 @@ def test_produce_into_our_consumer(dtype: np.dtype[Any], version: tuple[int, int
     assert t.data == data_ptr(a)
     v = t.numpy()
     assert_same_view(v, a)
-    assert v.flags.writeable  # legacy capsules import writable by design
+    # A legacy capsule cannot say whether writes are allowed: its views are read-only.
+    assert v.flags.writeable == (version is not None)
+    assert t.readonly == (version is None)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("dtype", list(STANDARD), ids=STANDARD_IDS)
 def test_consume_numpy(dtype: np.dtype[Any], version: tuple[int, int] | None) -> None:
     a = sample(dtype)
-    t = dl.from_dlpack(a) if version else dl.consume(a.__dlpack__())
+    t = dl.from_dlpack(a) if version else dl.consume(a.__dlpack__(), legacy_writable=True)
     code, bits = STANDARD[dtype]
     assert t.dtype == DataType(code, bits, 1)
     assert (t.version is None) == (version is None)
@@ -255,7 +257,8 @@ def without_ml_dtypes(monkeypatch: pytest.MonkeyPatch) -> None:
         "_TO_NUMPY",
         {k: v for k, v in dtypes._TO_NUMPY.items() if v.type.__module__ == "numpy"},
     )
-    monkeypatch.setattr(consumer, "_VIEW_INFO", {})
+    for key in list(_views.VIEW_INFO):
+        monkeypatch.delitem(_views.VIEW_INFO, key)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -381,13 +384,14 @@ def test_strides_not_multiple_of_itemsize() -> None:
         dl.to_dlpack(field, max_version=(1, 0))
     with pytest.raises(BufferError, match=message):
         dl.BufferExporter.from_numpy(field)
-    # A size-1 dimension may have any stride: it is exported as 0.
+    # A size-1 dimension may have any stride: it is divided as numpy's own exporter does.
     base = np.arange(8, dtype=np.int32)
     odd = np.lib.stride_tricks.as_strided(base, shape=(3, 1), strides=(8, 5))
+    assert dl.consume(odd.__dlpack__(max_version=(1, 3))).strides == (2, 1)
     for capsule in (dl.to_dlpack(odd, max_version=(1, 3)),
                     dl.BufferExporter.from_numpy(odd).__dlpack__(max_version=(1, 3))):
         t = dl.consume(capsule)
-        assert t.strides == (2, 0)
+        assert t.strides == (2, 1)
         assert_same_view(t.numpy(), odd)
 
 
@@ -395,7 +399,7 @@ def test_byte_offset_hand_built(make_capsule: Any) -> None:
     base = np.arange(10.0)
     for version in ((1, 3), None):
         capsule, info = make_capsule(base, shape=(4,), byte_offset=16, version=version)
-        t = dl.consume(capsule)
+        t = dl.consume(capsule, legacy_writable=True)
         assert t.byte_offset == 16
         assert t.data == data_ptr(base) + 16
         v = t.numpy()
@@ -537,8 +541,8 @@ def test_readonly_produce_legacy_raises() -> None:
     with pytest.raises(BufferError, match=message):
         dl.export_buffer(a, data_ptr(a), a.shape, None, DataType(0, 32), versioned=False,
                          readonly=True)
-    # A copy is writable, so a legacy copy is fine.
-    t = dl.consume(dl.to_dlpack(a, copy=True))
+    # A copy is writable, so a legacy copy is fine (and trusted, it imports writable).
+    t = dl.consume(dl.to_dlpack(a, copy=True), legacy_writable=True)
     assert not t.readonly
     v = t.numpy()
     assert np.array_equal(v, a)
@@ -561,7 +565,10 @@ def test_readonly_flag_hand_built_and_legacy_writable(make_capsule: Any) -> None
     assert not v.flags.writeable
     capsule, _ = make_capsule(a, version=None)
     v = dl.consume(capsule).numpy()
-    assert v.flags.writeable  # legacy capsules cannot say read-only: imported writable
+    assert not v.flags.writeable  # legacy capsules cannot say read-only: imported read-only
+    capsule, _ = make_capsule(a, version=None)
+    v = dl.consume(capsule, legacy_writable=True).numpy()
+    assert v.flags.writeable  # unless the caller trusts the producer
 
 
 # ------------------------------------------------------------------------------------------------

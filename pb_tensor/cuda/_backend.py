@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING, Final
 
 from pb_tensor.cuda._runtime import (
@@ -47,6 +48,7 @@ class Backend:
         self.pid = os.getpid()
         self.confirmed = False  # a device was seen: skip the availability probe
         self.atexit_registered = False
+        _BACKENDS.add(self)
 
     def check_fork(self) -> None:
         # A forked child inherits handles that mean nothing in its own CUDA context.
@@ -58,6 +60,28 @@ class Backend:
 
 
 _lock = threading.Lock()
+_BACKENDS: weakref.WeakSet[Backend] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A lock held by another thread at fork() stays held forever in the child (that thread does
+    # not exist there), and the parent's stream handles mean nothing in the child's context:
+    # start the child with fresh locks and empty caches.
+    global _lock
+    _lock = threading.Lock()
+    pid = os.getpid()
+    for backend in list(_BACKENDS):
+        backend.lock = threading.Lock()
+        backend.streams.clear()
+        backend.pid = pid
+        reinit = getattr(backend.runtime, "after_fork_in_child", None)
+        if reinit is not None:
+            reinit()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 _custom: Backend | None = None  # installed by set_runtime
 _default: Backend | None = None  # cuda-python, created on first use
 _default_failure: CudaUnavailableError | None = None  # why cuda-python could not be imported

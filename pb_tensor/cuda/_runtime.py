@@ -120,6 +120,11 @@ class _CudaPythonRuntime:
         self._driver_lock = threading.Lock()
         self._driver_ready = False
 
+    def after_fork_in_child(self) -> None:
+        """Forget the parent's driver state and lock (called in a forked child)."""
+        self._driver_lock = threading.Lock()
+        self._driver_ready = False
+
     # Each method re-imports its module: after the first import that is a sys.modules lookup,
     # and it keeps every call typed by the stubs in typings/ (a module cannot be an attribute
     # type).

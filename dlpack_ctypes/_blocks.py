@@ -1,0 +1,378 @@
+"""Export blocks, the live registry, the deleter and the pending-capsule sweep (shared privately).
+
+Lifetime model:
+
+* Each export allocates one ctypes block holding the managed struct followed by ``shape`` and
+  ``strides``. ``LIVE[address] = (block, owner)`` keeps the block and the data's owner alive
+  until the deleter runs. The deleter is one immortal ``CFUNCTYPE(None, c_void_p)`` thunk whose
+  body is pure bytecode, so it still works when a consumer calls it from a foreign thread, while
+  an exception is pending, or during interpreter teardown (where it leaks on purpose).
+* Capsules are created **without a destructor**. A ctypes destructor cannot run while an
+  exception is pending without either losing the deleter call or turning the consumer's error
+  into ``SystemError`` (numpy#32697). Instead every exported capsule is remembered in a pending
+  queue and *swept* at safe points. A swept capsule that still carries its fresh name and that
+  nobody else references was never consumed, so the sweep runs the deleter for it; a renamed
+  one belongs to its consumer and simply leaves the queue.
+* The work per sweep is bounded (see :data:`SWEEP_LIMIT`, :data:`EXPORT_SWEEP_STEP` and
+  :data:`GC_SWEEP_STEP`): capsules that are held for a long time cost a constant amount per
+  export and per garbage collection, never a pass over the whole queue.
+
+Everything here is shared by the producer and the exporters; the public names are re-exported
+by :mod:`dlpack_ctypes.producer`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import ctypes
+import gc
+import os
+import struct
+import sys
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final, cast
+
+if TYPE_CHECKING:
+    # typing_extensions is not a runtime dependency: only annotations and string casts use it.
+    from typing_extensions import CapsuleType
+
+from dlpack_ctypes import _capi
+from dlpack_ctypes.abi import DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, DLDeviceType
+
+__all__ = [
+    "DELETER_ADDRESS",
+    "DEVICE_TYPES",
+    "EXPORT_SWEEP_STEP",
+    "GC_SWEEP_EVERY",
+    "GC_SWEEP_STEP",
+    "LIVE",
+    "MAX_NDIM",
+    "PENDING",
+    "SWEEP_LIMIT",
+    "c_strides",
+    "check_shape",
+    "contiguous_strides",
+    "deleter_impl",
+    "export",
+    "flush",
+    "live_exports",
+    "pending_count",
+]
+
+MAX_NDIM: Final = 64
+DEVICE_TYPES: Final = frozenset(int(d) for d in DLDeviceType)
+
+#: Pending capsules beyond which every export also examines :data:`EXPORT_SWEEP_STEP` of them.
+SWEEP_LIMIT: Final = 64
+#: Queue entries examined by an export while more than :data:`SWEEP_LIMIT` are pending. Larger
+#: than one, so the queue shrinks while it holds dropped capsules.
+EXPORT_SWEEP_STEP: Final = 4
+#: Queue entries examined after every :data:`GC_SWEEP_EVERY`-th garbage collection (and after
+#: every full one, which costs far more than that anyway): a quarter
+#: of an entry per collection on average, so that even a collection of an empty generation
+#: costs at most about twice what it costs with nothing pending.
+GC_SWEEP_STEP: Final = 4
+#: See :data:`GC_SWEEP_STEP`.
+GC_SWEEP_EVERY: Final = 16
+
+# --------------------------------------------------------------------------------------------
+# Registry and deleter
+
+LIVE: dict[int, tuple[object, object]] = {}
+# _STATE[0]: set by the atexit hook; from then on deleters leak instead of touching Python state
+# that teardown may already have cleared.
+_STATE: list[bool] = [False]
+_capi.immortalize(LIVE)
+_capi.immortalize(_STATE)
+
+
+def deleter_impl(addr: int | None, _live: Any = LIVE, _state: Any = _STATE) -> None:
+    """The body of this package's DLPack deleter: forget the export at ``addr``.
+
+    Pure bytecode on purpose (no calls): it must work with a pending exception, on any thread,
+    and after module globals are gone, which is why everything it needs is a default argument.
+    """
+    if _state[0]:
+        return
+    if addr in _live:
+        del _live[addr]
+
+
+_DELETER: Final = _capi.VOIDFN(deleter_impl)
+_capi.immortalize(_DELETER)
+_capi.immortalize(deleter_impl)
+#: The C address of this package's deleter (what every export's ``deleter`` field holds).
+DELETER_ADDRESS: Final[int] = cast(int, ctypes.cast(_DELETER, ctypes.c_void_p).value)
+
+# --------------------------------------------------------------------------------------------
+# Pending capsules (deferred release)
+
+#: ``(capsule, block, address, fresh name address)`` of every export not yet known consumed.
+PENDING: collections.deque[tuple[object, object, int, int]] = collections.deque()
+_capi.immortalize(PENDING)
+# Re-entrant: dropping an owner during a sweep can run user finalisers that call flush().
+_SWEEP_LOCK = threading.RLock()
+_OWNER: list[int] = [0]  # the thread sweeping now (0: none)
+_get_ident = threading.get_ident
+_getrefcount = sys.getrefcount
+_is_valid = _capi.PyCapsule_IsValid
+_NAME_OFFSET: Final = _capi.CAPSULE_NAME_OFFSET
+_MEM: Final = _capi.MEM
+_unpack_ptr = struct.Struct("@P").unpack_from
+
+
+def _sweep(budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int = 0) -> int:
+    """Examine up to ``budget`` pending capsules, oldest first; returns how many are pending.
+
+    An entry leaves the queue when its deleter already ran (the registry no longer holds *its*
+    block: the block stays in the entry, so a recycled address can never be mistaken for it),
+    or when nobody else references the capsule: renamed, the consumer owns it; still fresh, it
+    was dropped unconsumed and is released here. Held capsules go to the back.
+
+    Callers hold the sweep lock, so the front entry is this sweep's until it moves it. It is
+    read in place and only then rotated or removed: an exception at any point (an asynchronous
+    one included) leaves every entry in the queue, never in a local variable only.
+    """
+    mem = _MEM
+    offset = _NAME_OFFSET
+    for _ in range(min(budget, len(pending))):
+        try:
+            cap, block, addr, fresh = pending[0]
+        except IndexError:
+            break
+        found = live.get(addr)
+        if found is not None and found[0] is block:
+            # The queue's entry, the unpacked local and getrefcount's argument hold it. A held
+            # capsule stays queued even when renamed: a consumer still holding it may yet undo
+            # its claim (it does when interrupted before the import completes).
+            if _getrefcount(cap) > rc_base:
+                pending.rotate(-1)
+                continue
+            if offset is not None:
+                renamed = _unpack_ptr(mem, id(cap) + offset)[0] != fresh
+            else:
+                renamed = not _is_valid(cap, fresh)
+            if not renamed:
+                deleter_impl(addr, live)  # dropped without being consumed
+        # Gone (our deleter ran), dropped after a consumer renamed it (the consumer calls the
+        # deleter), or released just now.
+        del cap
+        pending.popleft()
+    return len(pending)
+
+
+def _calibrate_refcount() -> int:
+    # The reference count _sweep sees for a capsule that only the queue holds depends on the
+    # interpreter's calling conventions; find it by running the sweep itself on a probe capsule.
+    block = object()
+    for base in range(1, 16):
+        probe: collections.deque[tuple[object, object, int, int]] = collections.deque()
+        capsule = _capi.PyCapsule_New(_capi.ADDR_DLTENSOR, _capi.ADDR_DLTENSOR, None)
+        probe.append((capsule, block, -1, _capi.ADDR_DLTENSOR))
+        del capsule
+        live = {-1: (block, None)}
+        if _sweep(1, probe, live, base) == 0 and not live:
+            return base
+    raise ImportError("dlpack_ctypes: could not calibrate capsule reference counts")
+
+
+_RC_BASE: Final = _calibrate_refcount()
+
+
+def flush() -> int:
+    """Release every exported capsule that was dropped without being consumed.
+
+    Sweeps also happen automatically (a bounded number of capsules during exports and after
+    garbage collections, all of them at exit); call this where memory must be released at a
+    known point, e.g. in tests.
+
+    Returns:
+        The number of exports still alive afterwards (consumed but not yet released by their
+        consumer, or capsules still referenced).
+    """
+    _locked_sweep(len(PENDING))
+    return len(LIVE)
+
+
+def live_exports() -> int:
+    """Number of exports whose deleter has not run yet (after sweeping dropped capsules)."""
+    return flush()
+
+
+def pending_count() -> int:
+    """Number of exported capsules the sweep still tracks (for tests and diagnostics)."""
+    return len(PENDING)
+
+
+def _locked_sweep(budget: int) -> None:
+    # Releasing an export can run finalisers that export, collect garbage or flush: such a
+    # nested sweep on the sweeping thread is skipped (the outer sweep owns the queue's front).
+    me = _get_ident()
+    if _OWNER[0] == me:
+        return
+    # A with-statement (not a non-blocking acquire whose result could be lost to an asynchronous
+    # exception) so the lock is always released; sweeps are short, so waiting is cheap.
+    with _SWEEP_LOCK:
+        _OWNER[0] = me
+        try:
+            _sweep(budget, PENDING, LIVE, _RC_BASE)
+        finally:
+            _OWNER[0] = 0
+
+
+_step = _locked_sweep
+
+
+_GC_CREDIT: list[int] = [0]
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    if phase == "stop" and PENDING:
+        credit = _GC_CREDIT[0] + 1
+        # A full collection costs far more than a few checks: it always sweeps a step.
+        if credit >= GC_SWEEP_EVERY or info.get("generation") == 2:
+            _GC_CREDIT[0] = 0
+            _step(GC_SWEEP_STEP)
+        else:
+            _GC_CREDIT[0] = credit
+
+
+def _at_exit() -> None:
+    flush()
+    _STATE[0] = True
+
+
+def _before_fork() -> None:
+    # A sweep in progress holds entries outside the queue; forking then would lose them in the
+    # child. Sweeps are short and bounded, so waiting for one is cheap.
+    _SWEEP_LOCK.acquire()
+
+
+def _after_fork() -> None:
+    # In the child the forking thread is the only thread, and it holds the lock: release it.
+    _SWEEP_LOCK.release()
+
+
+gc.callbacks.append(_on_gc)
+atexit.register(_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork
+    )
+
+# --------------------------------------------------------------------------------------------
+# Shapes
+
+_C_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+
+def check_shape(shape: Sequence[int], strides: Sequence[int] | None) -> None:
+    """Reject more than :data:`MAX_NDIM` dimensions, mismatched strides, negative sizes.
+
+    Raises:
+        BufferError: too many dimensions.
+        ValueError: strides of another length, or a negative dimension.
+    """
+    ndim = len(shape)
+    if ndim > MAX_NDIM:
+        raise BufferError(f"cannot export {ndim=}: at most {MAX_NDIM} dimensions are supported")
+    if strides is not None and len(strides) != ndim:
+        raise ValueError(f"strides must have one entry per dimension: {shape=} {strides=}")
+    if any(n < 0 for n in shape):
+        raise ValueError(f"shape entries must be >= 0: {shape=}")
+
+
+def contiguous_strides(shape: Sequence[int]) -> list[int]:
+    """C-order strides of ``shape`` in elements (size-0 dimensions count as 1)."""
+    strides = [1] * len(shape)
+    acc = 1
+    for i in range(len(shape) - 1, -1, -1):
+        strides[i] = acc
+        acc *= max(shape[i], 1)
+    return strides
+
+
+def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The C-order strides of ``shape``, in elements (memoised: shapes repeat)."""
+    found = _C_STRIDES.get(shape)
+    if found is None:
+        if len(_C_STRIDES) > 4096:
+            _C_STRIDES.clear()
+        found = _C_STRIDES[shape] = tuple(contiguous_strides(shape))
+    return found
+
+
+#: The memo behind :func:`c_strides`, for callers that look up before calling.
+C_STRIDES: Final = _C_STRIDES
+
+# --------------------------------------------------------------------------------------------
+# Struct packing and the raw export
+
+# Native alignment ("@") reproduces the C layout; abi.py checks the same offsets at import.
+_LEGACY_HEAD = "@PiiiBBHPPQPP"  # DLManagedTensor, 64 bytes
+_VERSIONED_HEAD = "@IIPPQPiiiBBHPPQ"  # DLManagedTensorVersioned, 80 bytes
+_PACKERS: dict[tuple[bool, int], tuple[Any, Any, int]] = {}
+
+
+def _packer(versioned: bool, ndim: int) -> tuple[Any, Any, int]:
+    key = (versioned, ndim)
+    found = _PACKERS.get(key)
+    if found is None:
+        head = _VERSIONED_HEAD if versioned else _LEGACY_HEAD
+        fmt = struct.Struct(head + "q" * (2 * ndim))
+        block_type = ctypes.c_int64 * (fmt.size // 8)
+        head_size = struct.calcsize(head)
+        found = _PACKERS[key] = (fmt.pack_into, block_type, head_size)
+    return found
+
+
+def export(
+    owner: object,
+    data: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: tuple[int, int, int],
+    device: tuple[int, int],
+    versioned: bool,
+    flags: int,
+    _live: Any = LIVE,
+    _pending: Any = PENDING,
+    _new: Any = _capi.PyCapsule_New,
+    _addressof: Any = ctypes.addressof,
+) -> CapsuleType:
+    """Pack one export block and wrap it in a fresh capsule (no validation: callers check).
+
+    Exception-safe at every step: until the capsule is returned, any exception (including an
+    asynchronous one such as ``KeyboardInterrupt``, or ``MemoryError``) releases the export; a
+    capsule that already reached the pending queue is then skipped by the sweep, because the
+    registry no longer holds its block.
+    """
+    ndim = len(shape)
+    found = _PACKERS.get((versioned, ndim))
+    pack, block_type, head = found if found is not None else _packer(versioned, ndim)
+    block = block_type()
+    addr = _addressof(block)
+    dims = addr + head if ndim else 0
+    strd = dims + 8 * ndim if ndim else 0
+    if versioned:
+        pack(block, 0, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, 0, DELETER_ADDRESS, flags,
+             data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2], dims, strd, 0,
+             *shape, *strides)
+        name = _capi.ADDR_DLTENSOR_VERSIONED
+    else:
+        pack(block, 0, data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2],
+             dims, strd, 0, 0, DELETER_ADDRESS, *shape, *strides)
+        name = _capi.ADDR_DLTENSOR
+    try:
+        _live[addr] = (block, owner)
+        capsule: CapsuleType = _new(addr, name, None)
+        _pending.append((capsule, block, addr, name))
+        if len(_pending) > SWEEP_LIMIT:
+            _step(EXPORT_SWEEP_STEP)
+    except BaseException:
+        # The capsule never reached the caller, so nobody can have consumed it.
+        _live.pop(addr, None)
+        raise
+    return capsule

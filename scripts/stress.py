@@ -1,0 +1,230 @@
+"""Stress every DLPack and shared-memory path from many threads at once, checking the data.
+
+Eight worker threads loop over every path (dlpack_ctypes export and import, numpy and torch
+importing our exports, Tensor construction, export and import, BYTES tensors, and shared-memory
+save/load through a SharedMemoryPool) while another thread keeps calling ``gc.collect()`` and
+``dlpack_ctypes.flush()``. Every value read back is compared with what was written. At the end
+it prints the growth of the resident set (target: under 16 MB after warm-up), the exports still
+alive (must be 0) and the pool's allocations (must be 0), each with PASS/MISS; the exit status
+is 1 if anything failed.
+
+Usage::
+
+    python scripts/stress.py              # 10 seconds
+    python scripts/stress.py --seconds 60
+    python scripts/stress.py --quick      # 2 seconds (CI smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import dlpack_ctypes as dl
+from pb_tensor import Tensor
+from pb_tensor.shm import SharedMemoryPool
+
+try:
+    import torch
+except ImportError:  # torch paths are skipped without it
+    torch = None
+
+RSS_TARGET_MB = 16.0
+THREADS = 8
+
+
+def rss_mb() -> float:
+    """Resident set size of this process in MB (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class Failure(Exception):
+    pass
+
+
+def expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise Failure(what)
+
+
+def make_paths(pool: SharedMemoryPool) -> dict[str, Callable[[int], None]]:
+    """Each path takes a seed, builds data from it, round-trips it and checks the values."""
+
+    def data(seed: int, n: int = 64) -> np.ndarray[Any, Any]:
+        return (np.arange(n, dtype=np.float32) + seed % 1000).reshape(4, n // 4)
+
+    def ctypes_export_import(seed: int) -> None:
+        a = data(seed)
+        for capsule in (dl.to_dlpack(a), dl.to_dlpack(a, max_version=(1, 3)),
+                        dl.BufferExporter.from_numpy(a).__dlpack__(max_version=(1, 3))):
+            t = dl.consume(capsule, legacy_writable=True)
+            v = t.numpy()
+            expect(np.array_equal(v, a) and np.shares_memory(v, a), "ctypes round trip")
+            del v
+            t.close()
+        dl.to_dlpack(a)  # dropped unconsumed: the sweep releases it
+
+    def numpy_of_ours(seed: int) -> None:
+        a = data(seed)
+        v = np.from_dlpack(dl.BufferExporter.from_numpy(a))
+        expect(np.array_equal(v, a) and np.shares_memory(v, a), "np.from_dlpack of ours")
+
+    def ours_of_numpy(seed: int) -> None:
+        a = data(seed)
+        t = dl.from_dlpack(a)
+        expect(np.array_equal(t.numpy(), a), "from_dlpack of numpy")
+
+    def torch_paths(seed: int) -> None:
+        if torch is None:
+            return
+        a = data(seed)
+        x = torch.from_dlpack(dl.BufferExporter.from_numpy(a))
+        expect(float(x.sum()) == float(a.sum()), "torch.from_dlpack of ours")
+        t = dl.from_dlpack(x)
+        expect(np.array_equal(t.numpy(), a), "from_dlpack of torch")
+        y = torch.utils.dlpack.from_dlpack(Tensor("t", a).to_dlpack())
+        expect(float(y.sum()) == float(a.sum()), "torch of Tensor.to_dlpack")
+
+    def tensor_paths(seed: int) -> None:
+        a = data(seed)
+        t = Tensor("x", a)
+        back = Tensor.from_dlpack("y", t.to_dlpack())
+        expect(np.array_equal(back.as_numpy(), a), "Tensor legacy round trip")
+        again = Tensor.from_dlpack("z", back)
+        expect(np.array_equal(again.as_numpy(), a), "Tensor protocol round trip")
+        if torch is not None:
+            x = torch.arange(16, dtype=torch.float32) + seed % 1000
+            tt = Tensor.from_dlpack("w", x)
+            expect(np.array_equal(tt.as_numpy(), x.numpy()), "Tensor from torch")
+
+    def bytes_paths(seed: int) -> None:
+        words = np.array([f"s{seed}-{i}".encode() for i in range(6)], dtype=np.object_)
+        t = Tensor("b", words.reshape(2, 3))
+        out = t.as_numpy()
+        expect(out.reshape(-1).tolist() == words.tolist(), "BYTES values")
+
+    def shm_paths(seed: int) -> None:
+        a = data(seed, 256)
+        t = Tensor("s", a)
+        handle = t.save_to_shared_memory(pool)
+        loaded = Tensor.load_from_shared_memory(pool, handle)
+        expect(np.array_equal(loaded.as_numpy(), a), "shm float32 load")
+        words = np.array([f"w{seed}-{i}".encode() for i in range(6)], dtype=np.object_)
+        b = Tensor("b", words.reshape(2, 3))
+        handle_b = b.save_to_shared_memory(pool)
+        loaded_b = Tensor.load_from_shared_memory(pool, handle_b)
+        expect(loaded_b.as_numpy().reshape(-1).tolist() == words.tolist(), "shm BYTES load")
+        del t, loaded, b, loaded_b
+
+    return {
+        "ctypes export/import": ctypes_export_import,
+        "np.from_dlpack(ours)": numpy_of_ours,
+        "from_dlpack(numpy)": ours_of_numpy,
+        "torch": torch_paths,
+        "Tensor": tensor_paths,
+        "BYTES": bytes_paths,
+        "shared memory": shm_paths,
+    }
+
+
+def run(seconds: float) -> int:
+    pool = SharedMemoryPool.create(16 << 20, growth=16 << 20, max_size=256 << 20)
+    paths = make_paths(pool)
+    errors: list[str] = []
+    counts = dict.fromkeys(paths, 0)
+    counts_lock = threading.Lock()
+    stop = threading.Event()
+
+    def worker(index: int) -> None:
+        seed = index
+        local = dict.fromkeys(paths, 0)
+        try:
+            while not stop.is_set():
+                for name, fn in paths.items():
+                    fn(seed)
+                    local[name] += 1
+                    seed += THREADS
+        except BaseException:  # report anything, including a wrong value
+            errors.append(f"thread {index}: {traceback.format_exc()}")
+            stop.set()
+        with counts_lock:
+            for name, n in local.items():
+                counts[name] += n
+
+    def collector() -> None:
+        while not stop.is_set():
+            gc.collect()
+            dl.flush()
+            time.sleep(0.001)
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        # Warm-up: first-use caches (dtype tables, prototypes, torch's lazy state) are not growth.
+        for fn in paths.values():
+            for seed in range(50):
+                fn(seed)
+        gc.collect()
+        dl.flush()
+        rss_start = rss_mb()
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+        threads.append(threading.Thread(target=collector))
+        for t in threads:
+            t.start()
+        stop.wait(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(previous)
+    gc.collect()
+    live = dl.live_exports()
+    gc.collect()
+    rss_growth = rss_mb() - rss_start
+    used = pool.stats().allocations
+    pool.close()
+
+    print(f"stress: {THREADS} threads + gc/flush thread, {seconds:g} s")
+    for name, n in counts.items():
+        print(f"  {name:<24} {n:>8} iterations")
+    ok = True
+    for label, good, value in (
+        ("errors / wrong data", not errors, str(len(errors))),
+        (f"RSS growth < {RSS_TARGET_MB:g} MB", rss_growth < RSS_TARGET_MB,
+         f"{rss_growth:.1f} MB"),
+        ("live_exports() == 0", live == 0, str(live)),
+        ("pool allocations == 0", used == 0, str(used)),
+    ):
+        print(f"  {label:<28} {value:>10}  {'PASS' if good else 'MISS'}")
+        ok = ok and good
+    for e in errors[:3]:
+        print(e)
+    return 0 if ok else 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="run time (default 10)")
+    parser.add_argument("--quick", action="store_true", help="a 2-second smoke run")
+    args = parser.parse_args()
+    return run(2.0 if args.quick else args.seconds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
