@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import struct
 import sys
-import sysconfig
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -52,7 +51,9 @@ __all__ = [
     "to_dlpack",
 ]
 
-_FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+# The build flag (Py_GIL_DISABLED): free-threaded builds carry "t" in their ABI flags. Reading
+# it from sysconfig would import sysconfig (a few ms) for one flag.
+_FREE_THREADED = "t" in getattr(sys, "abiflags", "")
 _void_from_address = ctypes.c_void_p.from_address
 
 

@@ -9,10 +9,12 @@ without a leading underscore are shared with that module only.
 from __future__ import annotations
 
 import struct
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import numpy as np
-import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 from pb_tensor.errors import TritonModelException
 
@@ -37,7 +39,7 @@ MAX_ELEMENT: Final = 0xFFFFFFFF
 # pass: the numpy scatter of length fields only pays off when there are many small elements.
 _LARGE_OBJECT_ELEMENT: Final = 512
 
-Lengths = npt.NDArray[np.int64]
+Lengths: TypeAlias = "npt.NDArray[np.int64]"
 # The length fields of short elements, made once: indexing beats a ``pack`` call per element.
 HEAD_CAP: Final = 1024
 HEADS: Final = [U32.pack(length) for length in range(HEAD_CAP)]

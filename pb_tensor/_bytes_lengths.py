@@ -23,11 +23,11 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import numpy.typing as npt
 
 from pb_tensor.errors import TritonModelException
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     from typing_extensions import Buffer
 
 __all__ = [

@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import numpy.typing as npt
 
 from pb_tensor.errors import TritonModelException
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     from typing_extensions import Buffer
 
 __all__ = [

@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import numpy.typing as npt
 
 from pb_tensor import _bytes_lengths
 from pb_tensor._bytes_join import (
@@ -48,6 +47,7 @@ from pb_tensor._bytes_split import SMALL_WIRE, byte_view, deserialize_view, spli
 from pb_tensor.errors import TritonModelException
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     from typing_extensions import Buffer
 
 __all__ = [
