@@ -406,8 +406,11 @@ def size_one_arrays() -> list[np.ndarray[Any, Any]]:
 @pytest.mark.parametrize("index", range(5))
 def test_size_one_strides_match_numpy_exporter(index: int) -> None:
     x = size_one_arrays()[index]
-    expected = dl.consume(x.__dlpack__(max_version=(1, 3))).strides
-    assert expected == tuple(s // x.itemsize for s in x.strides)
+    expected = tuple(s // x.itemsize for s in x.strides)  # the array's real strides
+    numpys = dl.consume(x.__dlpack__(max_version=(1, 3))).strides
+    # numpy >= 2.4 exports the real strides too; older numpy normalises size-1 dimensions of
+    # C-contiguous arrays (the difference this item removes from our exports).
+    assert numpys == expected or np.lib.NumpyVersion(np.__version__) < "2.4.0"
     for capsule in (
         dl.to_dlpack(x, max_version=(1, 3)),
         dl.to_dlpack(x),

