@@ -15,6 +15,7 @@ their references back. Each scenario runs in a subprocess.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
