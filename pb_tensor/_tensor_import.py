@@ -8,14 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-import numpy as np
-
 import dlpack_ctypes as dl
 from dlpack_ctypes.abi import DLDeviceType
 from pb_tensor.dtypes import (
     MemoryType,
     TritonDtype,
-    triton_dtype_from_numpy,
     triton_from_dlpack,
     triton_to_dlpack,
 )
@@ -26,7 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEVICE_OF_MEMORY",
-    "DIRECT_NUMPY",
     "DTYPE_OF_DL",
     "KDL_CPU",
     "KDL_CUDA",
@@ -71,11 +67,6 @@ DTYPE_OF_DL: dict[tuple[int, int, int], TritonDtype] = {}
 for _td in TritonDtype:
     if _td not in (TritonDtype.TYPE_INVALID, TritonDtype.TYPE_BYTES):
         DTYPE_OF_DL[triton_to_dlpack(_td)] = _td
-
-# numpy dtype.num -> TritonDtype for the numeric types DLPack carries (not BYTES, not BF16).
-DIRECT_NUMPY: dict[int, TritonDtype] = {
-    np.dtype(char).num: triton_dtype_from_numpy(np.dtype(char)) for char in "?bBhHiIlLqQefd"
-}
 
 
 def device_error(device_type: int) -> TritonModelException:

@@ -20,7 +20,6 @@ from pb_tensor._tensor_export import numpy_export as _numpy_export
 from pb_tensor._tensor_export import raw_host as _raw_host
 from pb_tensor._tensor_fields import TensorFields
 from pb_tensor._tensor_import import DEVICE_OF_MEMORY as _DEVICE_OF_MEMORY
-from pb_tensor._tensor_import import DIRECT_NUMPY as _DIRECT_NUMPY
 from pb_tensor._tensor_import import DTYPE_OF_DL as _DTYPE_OF_DL
 from pb_tensor._tensor_import import KDL_CPU as _KDL_CPU
 from pb_tensor._tensor_import import KDL_CUDA as _KDL_CUDA
@@ -56,6 +55,11 @@ _CapsuleType: Final = dl.CapsuleType
 # numpy >= 2.4 exports host memory by its C code while keeping every rule of ours.
 _NUMPY_EXPORTS: Final = dl.NUMPY_EXPORTER_KEEPS_RULES
 _numpy_dlpack: Final = dl.numpy_dlpack
+
+# numpy dtype.num -> TritonDtype for the numeric types DLPack carries (not BYTES, not BF16).
+_DIRECT_NUMPY: dict[int, TritonDtype] = {
+    np.dtype(char).num: triton_dtype_from_numpy(np.dtype(char)) for char in "?bBhHiIlLqQefd"
+}
 
 
 class Tensor(TensorFields):
