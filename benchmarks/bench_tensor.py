@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dlpack_ctypes as dl
 from pb_tensor import Tensor
-from pb_tensor import tensor as _tensor_module
+from pb_tensor._tensor_import import check_importable
 
 
 def _optional(name: str) -> Any:
@@ -225,7 +225,7 @@ def breakdown(rounds: int, target: float) -> list[Case]:
     """Stages of Tensor.from_dlpack('x', array) and of the torch-tensor import, each including
     the release it causes."""
     a = aligned((2, 3), np.float32)
-    check = _tensor_module._check_importable
+    check = check_importable
     cases = [
         Case("array.__dlpack__(max_version=(1, 3))", lambda: a.__dlpack__(max_version=(1, 3))),
         Case("dl.consume(capsule) + release",

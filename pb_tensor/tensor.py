@@ -6,22 +6,31 @@ messages), minus upstream's bugs; the README's "Differences from Triton" table l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, SupportsIndex, cast
+from typing import TYPE_CHECKING, Any, Final, SupportsIndex
 
 import numpy as np
 
 import dlpack_ctypes as dl
 from dlpack_ctypes.abi import DLDeviceType
-from dlpack_ctypes.exchange import ExchangeAPI
 from dlpack_ctypes.exchange import exchange_api as _exchange_api
 from pb_tensor import _pickling, bytes_codec
-from pb_tensor.dtypes import (
-    MemoryType,
-    TritonDtype,
-    triton_dtype_from_numpy,
-    triton_from_dlpack,
-    triton_to_dlpack,
-)
+from pb_tensor._tensor_export import ctypes_export as _ctypes_export
+from pb_tensor._tensor_export import host_copy as _host_copy
+from pb_tensor._tensor_export import numpy_export as _numpy_export
+from pb_tensor._tensor_export import raw_host as _raw_host
+from pb_tensor._tensor_fields import TensorFields
+from pb_tensor._tensor_import import DEVICE_OF_MEMORY as _DEVICE_OF_MEMORY
+from pb_tensor._tensor_import import DTYPE_OF_DL as _DTYPE_OF_DL
+from pb_tensor._tensor_import import KDL_CPU as _KDL_CPU
+from pb_tensor._tensor_import import KDL_CUDA as _KDL_CUDA
+from pb_tensor._tensor_import import KDL_CUDA_HOST as _KDL_CUDA_HOST
+from pb_tensor._tensor_import import MEMORY_OF_DEVICE as _MEMORY_OF_DEVICE
+from pb_tensor._tensor_import import NOT_A_PRODUCER as _NOT_A_PRODUCER
+from pb_tensor._tensor_import import check_importable as _check_importable
+from pb_tensor._tensor_import import device_error as _device_error
+from pb_tensor._tensor_import import import_gpu as _import_gpu
+from pb_tensor._tensor_import import wait_for_producer as _wait_for_producer
+from pb_tensor.dtypes import MemoryType, TritonDtype, triton_dtype_from_numpy
 from pb_tensor.errors import TritonBufferError, TritonModelException
 
 if TYPE_CHECKING:
@@ -33,14 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["Tensor"]
 
 _EMPTY_NAME: Final = "Tensor name cannot be an empty string."
-_NOT_A_PRODUCER: Final = (
-    "Provided tensor is not supported. Tensor must be a DLPack capsule or have `__dlpack__` "
-    "and `__dlpack_device__` attributes"
-)
-_NOT_CONTIGUOUS: Final = (
-    "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in C-Order "
-    "are supported."
-)
 _STRING_DLPACK: Final = "DLPack does not have support for string tensors."
 _GPU_NUMPY: Final = "Tensor is stored in GPU and cannot be converted to NumPy."
 _BF16_NUMPY: Final = (
@@ -48,76 +49,12 @@ _BF16_NUMPY: Final = (
     "instead."
 )
 
-_KDL_CPU: Final = int(DLDeviceType.kDLCPU)
-_KDL_CUDA: Final = int(DLDeviceType.kDLCUDA)
-_KDL_CUDA_HOST: Final = int(DLDeviceType.kDLCUDAHost)
-_DEVICE_OF_MEMORY: Final = {
-    MemoryType.CPU: DLDeviceType.kDLCPU,
-    MemoryType.CPU_PINNED: DLDeviceType.kDLCUDAHost,
-    MemoryType.GPU: DLDeviceType.kDLCUDA,
-}
-_MEMORY_OF_DEVICE: Final = {
-    _KDL_CPU: MemoryType.CPU,
-    _KDL_CUDA_HOST: MemoryType.CPU_PINNED,
-    _KDL_CUDA: MemoryType.GPU,
-}
 _CapsuleType: Final = dl.CapsuleType
 
 
 # numpy >= 2.4 exports host memory by its C code while keeping every rule of ours.
 _NUMPY_EXPORTS: Final = dl.NUMPY_EXPORTER_KEEPS_RULES
-
-
-def _device_error(device_type: int) -> TritonModelException:
-    return TritonModelException(f"DLDevice type {device_type} is not supported by Python backend.")
-
-
-def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
-    """C order, ignoring size-1 dims; every empty tensor passes (fixes upstream's check, which
-    skips ``strides[0]`` and 1-D tensors and rejects empty ones)."""
-    if 0 in shape:
-        return True
-    expected = 1
-    for n, s in zip(reversed(shape), reversed(strides)):
-        if n != 1:
-            if s != expected:
-                return False
-            expected *= n
-    return True
-
-
-def _check_importable(t: dl.DLPackTensor) -> None:
-    """Triton's rules for DLPack input, applied before the capsule is consumed."""
-    strides = t.strides
-    if (
-        t.dtype in _DTYPE_OF_DL
-        and t.device[0] in _MEMORY_OF_DEVICE
-        and (strides == _c_strides(t.shape) or _c_contiguous(t.shape, strides))
-    ):
-        return  # the common case, decided with three lookups
-    device_type = int(t.device[0])
-    if device_type not in _MEMORY_OF_DEVICE:
-        raise _device_error(device_type)
-    if t.dtype not in _DTYPE_OF_DL:
-        dtype = triton_from_dlpack(*t.dtype)  # raises upstream's BF16 bit-width message
-        if dtype == TritonDtype.TYPE_INVALID:
-            code, bits, lanes = t.dtype
-            raise TritonModelException(
-                f"Dtype is invalid. DLPack data type (code={code}, bits={bits}, lanes={lanes}) "
-                "has no Triton equivalent."
-            )
-    if not (strides == _c_strides(t.shape) or _c_contiguous(t.shape, strides)):
-        raise TritonModelException(_NOT_CONTIGUOUS)
-
-
-_c_strides: Final = dl.c_strides
-
-
-_DTYPE_OF_DL: dict[tuple[int, int, int], TritonDtype] = {}
-for _td in TritonDtype:
-    if _td not in (TritonDtype.TYPE_INVALID, TritonDtype.TYPE_BYTES):
-        _DTYPE_OF_DL[triton_to_dlpack(_td)] = _td
-
+_numpy_dlpack: Final = dl.numpy_dlpack
 
 # numpy dtype.num -> TritonDtype for the numeric types DLPack carries (not BYTES, not BF16).
 _DIRECT_NUMPY: dict[int, TritonDtype] = {
@@ -125,7 +62,7 @@ _DIRECT_NUMPY: dict[int, TritonDtype] = {
 }
 
 
-class Tensor:
+class Tensor(TensorFields):
     """A named tensor, as Triton's ``pb_utils.Tensor``.
 
     ``Tensor(name, array)`` wraps a numpy array without copying it (a non-C-contiguous array is
@@ -137,36 +74,8 @@ class Tensor:
             unsupported dtype ("NumPy dtype is not supported.").
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_array",
-        "_dims",
-        "_dl",
-        "_dtype",
-        "_lengths",
-        "_memory_id",
-        "_memory_type",
-        "_name",
-        "_serialized",
-        "_shm",
-    )
-
-    _name: str
-    _dtype: TritonDtype
-    _dims: tuple[int, ...]
-    _memory_type: MemoryType
-    _memory_id: int
-    # numpy data: the user's array, a view of the DLPack import, or of shared memory.
-    _array: np.ndarray[Any, Any] | None
-    # The consumed DLPack tensor (owns the producer's memory), or None.
-    _dl: dl.DLPackTensor | None
-    # BYTES only: the serialized wire bytes.
-    _serialized: np.ndarray[Any, Any] | None
-    # BYTES only: the element lengths serialisation found (many elements only), stored beside
-    # the payload when the tensor is saved to shared memory.
-    _lengths: np.ndarray[Any, Any] | None
-    # Shared-memory state once saved or loaded (handle, pool), or None.
-    _shm: Any
+    # Every field lives in TensorFields' slots: no instance __dict__.
+    __slots__ = ()
 
     def __init__(self, name: str, array: np.ndarray[Any, Any], /) -> None:
         if not isinstance(name, str) or not isinstance(array, np.ndarray):
@@ -273,22 +182,6 @@ class Tensor:
     # ----------------------------------------------------------------------------------------
     # The pb_utils.Tensor methods
 
-    def name(self) -> str:
-        """The tensor's name."""
-        return self._name
-
-    def shape(self) -> list[int]:
-        """The dimensions, as a list (upstream returns a list, not a tuple)."""
-        return list(self._dims)
-
-    def triton_dtype(self) -> TritonDtype:
-        """The Triton data type (works, unlike upstream where it raises TypeError)."""
-        return self._dtype
-
-    def is_cpu(self) -> bool:
-        """True for CPU and pinned (CPU_PINNED) memory."""
-        return self._memory_type != MemoryType.GPU
-
     def as_numpy(self) -> np.ndarray[Any, Any]:
         """The data as a numpy array, without copying.
 
@@ -383,7 +276,8 @@ class Tensor:
             ):
                 return _numpy_export(array, max_version, dl_device, copy)
         try:
-            return self._ctypes_export(stream, max_version, dl_device, copy)
+            return _ctypes_export(self._name, dtype, self._dims, memory_type, self._memory_id,
+                                  self._array, self._dl, stream, max_version, dl_device, copy)
         except BufferError as exc:
             if isinstance(exc, TritonBufferError):
                 raise
@@ -394,104 +288,9 @@ class Tensor:
             return None  # numpy's exporter cannot describe bfloat16
         return self._make_array()
 
-    def _ctypes_export(
-        self,
-        stream: object,
-        max_version: tuple[int, int] | None,
-        dl_device: tuple[int, int] | None,
-        copy: bool | None,
-    ) -> CapsuleType:
-        device = (int(_DEVICE_OF_MEMORY[self._memory_type]), self._memory_id)
-        if (
-            self._memory_type == MemoryType.GPU
-            and dl_device is not None
-            and _device_pair(dl_device) == (_KDL_CPU, 0)
-        ):
-            if copy is False:
-                raise TritonBufferError(
-                    "__dlpack__: dl_device=(kDLCPU, 0) needs a copy of GPU memory but copy=False"
-                )
-            # Validates stream (a host copy takes None or -1), max_version and copy.
-            versioned = dl.negotiate(
-                (_KDL_CPU, 0), stream=stream, max_version=max_version, copy=copy
-            )[0]
-            return _export_host_copy(self, versioned)
-        readonly = self._readonly()
-        versioned, make_copy, out_device = dl.negotiate(
-            device, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy,
-            readonly=readonly,
-        )
-        owner, data, shape, strides = self._export_fields()
-        if make_copy:
-            if self._memory_type == MemoryType.GPU:
-                from pb_tensor import cuda
-
-                buffer = cuda.device_copy(data, self.byte_size, device=self._memory_id)
-                return dl.export_buffer(buffer, buffer.ptr, shape, None, _dl_dtype(self),
-                                        out_device, versioned=versioned, copied=True)
-            source = self._array if self._array is not None else _raw_host(self)
-            host = np.array(source, order="C", copy=True)
-            return dl.export_buffer(host, dl.data_pointer(host), shape, None,
-                                    _dl_dtype(self), out_device, versioned=versioned,
-                                    copied=True)
-        return dl.export_buffer(owner, data, shape, strides, _dl_dtype(self), out_device,
-                                versioned=versioned, readonly=readonly)
-
-    def _readonly(self) -> bool:
-        imported = self._dl
-        if imported is not None:
-            # A legacy import's views are read-only because the capsule could not say; its
-            # re-exports pass on what was received (no READ_ONLY flag), as upstream does.
-            return bool(imported.flags & dl.DLPACK_FLAG_BITMASK_READ_ONLY)
-        if self._array is not None:
-            return not self._array.flags.writeable
-        return False
-
-    def _export_fields(self) -> tuple[object, int, tuple[int, ...], tuple[int, ...] | None]:
-        array = self._array
-        if array is not None:
-            return array, dl.data_pointer(array), array.shape, None
-        imported = self._dl
-        if imported is None:
-            raise TritonModelException(f"Tensor {self._name!r} holds no data to export")
-        return imported, imported.data, imported.shape, imported.strides
-
     def __dlpack_device__(self) -> tuple[DLDeviceType, int]:
         """``(kDLCPU, 0)``, ``(kDLCUDA, id)`` or ``(kDLCUDAHost, id)``."""
         return _DEVICE_OF_MEMORY[self._memory_type], self._memory_id
-
-    # ----------------------------------------------------------------------------------------
-    # Typed extras
-
-    @property
-    def memory_type(self) -> MemoryType:
-        """Where the data lives: CPU, CPU_PINNED or GPU."""
-        return self._memory_type
-
-    @property
-    def memory_type_id(self) -> int:
-        """The device id (0 for CPU memory)."""
-        return self._memory_id
-
-    @property
-    def byte_size(self) -> int:
-        """Bytes of data; for BYTES tensors, the serialized size."""
-        if self._serialized is not None:
-            return int(self._serialized.nbytes)
-        if self._array is not None:
-            return int(self._array.nbytes)
-        imported = self._dl
-        return imported.nbytes if imported is not None else 0
-
-    @property
-    def data_ptr(self) -> int:
-        """Address of the first byte (for BYTES tensors: of the serialized bytes)."""
-        if self._serialized is not None:
-            return int(dl.data_pointer(self._serialized))
-        if self._array is not None:
-            return int(dl.data_pointer(self._array))
-        imported = self._dl
-        return imported.data if imported is not None else 0
 
     def __reduce_ex__(self, protocol: SupportsIndex, /) -> tuple[Any, ...]:
         """Pickle support, for every protocol (``multiprocessing``, Ray, Dask ...).
@@ -514,7 +313,7 @@ class Tensor:
         if self._serialized is not None:
             payload = self._serialized
         elif self._dtype == TritonDtype.TYPE_BF16:
-            payload = _raw_host(self)
+            payload = _raw_host(self._name, self._dl)
         elif self._array is not None:
             payload = self._array
         else:
@@ -527,15 +326,6 @@ class Tensor:
     def __reduce__(self) -> tuple[Any, ...]:
         """As :meth:`__reduce_ex__` with protocol 2 (for callers that skip ``__reduce_ex__``)."""
         return self.__reduce_ex__(2)
-
-    def __repr__(self) -> str:
-        device = self._memory_type.name
-        if self._memory_type != MemoryType.CPU:
-            device += f":{self._memory_id}"
-        return (
-            f"Tensor(name={self._name!r}, dtype={self._dtype.wire_name}, "
-            f"shape={list(self._dims)}, device={device})"
-        )
 
     # ----------------------------------------------------------------------------------------
     # GPU and shared memory
@@ -550,22 +340,10 @@ class Tensor:
         """
         if self._memory_type != MemoryType.GPU:
             return self
-        from pb_tensor import cuda
-
-        host = np.empty(self.byte_size, dtype=np.uint8)
-        if host.nbytes:
-            cuda.copy_device_to_host(host, self.data_ptr, device=self._memory_id)
-        dtype = _numpy_storage_dtype(self._dtype)
-        view = host.view(dtype).reshape(self._dims)
-        if self._dtype != TritonDtype.TYPE_BF16:
-            return _fill(_new_tensor(Tensor), self._name, self._dtype, self._dims,
-                         MemoryType.CPU, 0, view, None, None)
-        imported = dl.from_dlpack(
-            dl.BufferExporter(host, dl.data_pointer(host), self._dims, None,
-                              _dl_dtype(self))
-        )
+        array, imported = _host_copy(self._dtype, self._dims, self.byte_size, self.data_ptr,
+                                     self._memory_id)
         return _fill(_new_tensor(Tensor), self._name, self._dtype, self._dims, MemoryType.CPU, 0,
-                     None, imported, None)
+                     array, imported, None)
 
     def save_to_shared_memory(self, pool: SharedMemoryPool) -> int:
         """Copy the tensor into ``pool`` once and return its handle (the same handle on every
@@ -640,111 +418,6 @@ def _blank(
 ) -> Tensor:
     """A tensor with metadata and no data yet (the shared-memory loader fills it in)."""
     return _fill(_new_tensor(Tensor), name, dtype, dims, memory_type, memory_id, None, None, None)
-
-
-def _raw_host(t: Tensor) -> np.ndarray[Any, Any]:
-    imported = t._dl
-    if imported is None:
-        raise TritonModelException(f"Tensor {t._name!r} holds no host data")
-    return imported.numpy(raw=True)
-
-
-def _dl_dtype(t: Tensor) -> dl.DataType:
-    return dl.DataType(*triton_to_dlpack(t._dtype))
-
-
-def _numpy_storage_dtype(dtype: TritonDtype) -> np.dtype[Any]:
-    if dtype == TritonDtype.TYPE_BF16:
-        return np.dtype(np.uint16)
-    from pb_tensor.dtypes import numpy_dtype_of
-
-    return numpy_dtype_of(dtype)
-
-
-def _export_host_copy(t: Tensor, versioned: bool) -> CapsuleType:
-    """A capsule of a fresh host copy of GPU tensor ``t`` (IS_COPIED when versioned)."""
-    host = t.to_host()
-    owner, data, shape, strides = host._export_fields()
-    return dl.export_buffer(owner, data, shape, strides, _dl_dtype(t), (_KDL_CPU, 0),
-                            versioned=versioned, copied=True)
-
-
-_GPU_UNAVAILABLE: Final = (
-    "DLPack capsule passed pointer to memory allocated on GPU device, when GPU is not available"
-)
-
-
-def _import_gpu(producer: object, device_id: int) -> dl.DLPackTensor:
-    """python_backend's GPU import through :func:`cuda.import_from_producer`:
-    device ``device_id`` current, ``__dlpack__(stream=<its proxy stream>)``, then the proxy
-    stream synchronised and the caller's device restored (also when anything fails)."""
-    from pb_tensor import cuda
-
-    def check(t: dl.DLPackTensor) -> None:
-        if t.device != (_KDL_CUDA, device_id):
-            # The producer said (kDLCUDA, id) but exported other memory: trusting the capsule
-            # would skip the synchronisation it was scoped for.
-            raise TritonModelException(
-                f"DLPack producer reported device (kDLCUDA, {device_id}) but exported a tensor "
-                f"on device ({int(t.device[0])}, {t.device[1]})"
-            )
-        _check_importable(t)
-
-    try:
-        return cuda.import_from_producer(producer, device_id, check)
-    except cuda.CudaUnavailableError as exc:
-        # Upstream's text for a CPU-only build, then why CUDA cannot be used here.
-        raise cuda.CudaUnavailableError(
-            f"{_GPU_UNAVAILABLE}: {exc}", exc.code, exc.error_name
-        ) from exc
-
-
-def _wait_for_producer(api: ExchangeAPI, imported: dl.DLPackTensor) -> None:
-    """Order a GPU tensor imported through the exchange API (which does no synchronisation)
-    as python_backend's protocol import does: on return the data is ready for any stream.
-
-    ``__dlpack__(stream=proxy)`` makes the proxy stream wait for the producer's current stream
-    and the import then synchronises the proxy, i.e. the host waits for the work queued on the
-    producer's current stream. Here the host waits for that stream directly (its handle from
-    ``current_work_stream``), with the tensor's device current and the caller's device restored,
-    and with the protocol path's error texts. On failure the tensor is released first."""
-    from pb_tensor import cuda
-
-    device_id = imported.device[1]
-    try:
-        cuda.synchronize(api.current_work_stream(_KDL_CUDA, device_id), device=device_id)
-    except cuda.CudaUnavailableError as exc:
-        imported.close()
-        raise cuda.CudaUnavailableError(
-            f"{_GPU_UNAVAILABLE}: {exc}", exc.code, exc.error_name
-        ) from exc
-    except BaseException:
-        imported.close()
-        raise
-
-
-_numpy_dlpack: Final = dl.numpy_dlpack
-
-
-def _numpy_export(
-    array: np.ndarray[Any, Any],
-    max_version: tuple[int, int] | None,
-    dl_device: tuple[int, int] | None,
-    copy: bool | None,
-) -> CapsuleType:
-    try:
-        return dl.numpy_dlpack(array, max_version=max_version, dl_device=dl_device, copy=copy)
-    except BufferError as exc:
-        raise TritonBufferError(str(exc)) from exc
-
-
-def _device_pair(value: object) -> tuple[int, int]:
-    """``dl_device`` as two ints (malformed values are left for :func:`dl.negotiate` to reject)."""
-    try:
-        device_type, device_id = cast("tuple[Any, Any]", value)
-        return int(device_type), int(device_id)
-    except (TypeError, ValueError):
-        return (-1, -1)
 
 
 def _rebuild_tensor(header: object, payload: object, /) -> Tensor:

@@ -1,8 +1,8 @@
 """Where a loaded model's instance runs: in this process, or in a stub process.
 
 Both engines turn a batch of requests into a stream of :class:`Reply` objects, one or more
-per request, the last one of each request carrying the final flag. :class:`Tracker` holds the
-rules for when a batch is finished (every request got its final flag and ``execute``
+per request, the last one of each request carrying the final flag. ``_tracker.Tracker`` holds
+the rules for when a batch is finished (every request got its final flag and ``execute``
 returned), shared by both.
 """
 
@@ -18,7 +18,6 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -32,75 +31,16 @@ from pb_tensor.runtime._host import (
     RequestData,
 )
 from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
+from pb_tensor.runtime._tracker import Reply, Tracker
 from pb_tensor.shm import SharedMemoryPool
 
-__all__ = ["Engine", "InProcessEngine", "Reply", "StubEngine", "StubFailure", "Tracker"]
+__all__ = ["Engine", "InProcessEngine", "StubEngine", "StubFailure"]
 
 log = logging.getLogger("pb_tensor.runtime")
 
-FINAL = 1
 _STARTUP_TIMEOUT = 120.0
 _FINALIZE_TIMEOUT = 30.0
 _ACK_BYTES = 1 << 20
-
-
-@dataclass
-class Reply:
-    """One response to request ``index`` of a batch (or the flags-only final one)."""
-
-    index: int
-    tensors: list[Tensor]
-    error: InferenceError | None
-    parameters: str
-    flags: int
-    has_response: bool
-
-
-class Tracker:
-    """Finishes a batch as Triton does: each request ends with its final flag; requests of a
-    failed ``execute`` end with its error; a non-decoupled request that got no response ends
-    when ``execute`` returns."""
-
-    __slots__ = ("decoupled", "instance_name", "pending", "returned")
-
-    def __init__(self, size: int, decoupled: bool, instance_name: str) -> None:
-        self.decoupled = decoupled
-        self.instance_name = instance_name
-        self.pending = set(range(size))
-        self.returned = False
-
-    @property
-    def finished(self) -> bool:
-        return self.returned and not self.pending
-
-    def reply(self, r: Reply) -> list[Reply]:
-        if r.index not in self.pending:
-            return []  # after a batch error, or a second final: nobody is waiting for it
-        if r.flags & FINAL:
-            self.pending.discard(r.index)
-        return [r] if (r.has_response or r.error is not None or r.flags & FINAL) else []
-
-    def done(self, error: str | None) -> list[Reply]:
-        self.returned = True
-        if not self.pending:
-            return []
-        if error is not None:
-            return self.fail(InferenceError(error, TritonError.INTERNAL))
-        if self.decoupled:
-            return []
-        return self.fail(
-            InferenceError(
-                f"Failed to process the request(s) for model '{self.instance_name}', message: "
-                "the model neither returned nor sent a response for the request",
-                TritonError.INTERNAL,
-            )
-        )
-
-    def fail(self, error: InferenceError) -> list[Reply]:
-        out = [Reply(i, [], error, "{}", FINAL, False) for i in sorted(self.pending)]
-        self.pending.clear()
-        self.returned = True
-        return out
 
 
 class Engine(Protocol):

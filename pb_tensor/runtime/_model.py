@@ -12,10 +12,11 @@ import numpy as np
 import numpy.typing as npt
 
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
-from pb_tensor.runtime._engines import FINAL, Engine, Reply, StubEngine
+from pb_tensor.runtime._engines import Engine, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
+from pb_tensor.runtime._tracker import FINAL, Reply
 from pb_tensor.runtime._validate import ModelSpec, validate_request
 
 if TYPE_CHECKING:

@@ -1,0 +1,175 @@
+"""What :meth:`pb_tensor.Tensor.from_dlpack` accepts: Triton's DLPack input rules, the tables
+that map DLPack devices and dtypes to Triton's, and the GPU import steps.
+
+Shared with :mod:`pb_tensor.tensor` only; it never builds a ``Tensor`` (no import cycle).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+import dlpack_ctypes as dl
+from dlpack_ctypes.abi import DLDeviceType
+from pb_tensor.dtypes import (
+    MemoryType,
+    TritonDtype,
+    triton_from_dlpack,
+    triton_to_dlpack,
+)
+from pb_tensor.errors import TritonModelException
+
+if TYPE_CHECKING:
+    from dlpack_ctypes.exchange import ExchangeAPI
+
+__all__ = [
+    "DEVICE_OF_MEMORY",
+    "DTYPE_OF_DL",
+    "KDL_CPU",
+    "KDL_CUDA",
+    "KDL_CUDA_HOST",
+    "MEMORY_OF_DEVICE",
+    "NOT_A_PRODUCER",
+    "check_importable",
+    "device_error",
+    "import_gpu",
+    "wait_for_producer",
+]
+
+NOT_A_PRODUCER: Final = (
+    "Provided tensor is not supported. Tensor must be a DLPack capsule or have `__dlpack__` "
+    "and `__dlpack_device__` attributes"
+)
+_NOT_CONTIGUOUS: Final = (
+    "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in C-Order "
+    "are supported."
+)
+_GPU_UNAVAILABLE: Final = (
+    "DLPack capsule passed pointer to memory allocated on GPU device, when GPU is not available"
+)
+
+KDL_CPU: Final = int(DLDeviceType.kDLCPU)
+KDL_CUDA: Final = int(DLDeviceType.kDLCUDA)
+KDL_CUDA_HOST: Final = int(DLDeviceType.kDLCUDAHost)
+DEVICE_OF_MEMORY: Final = {
+    MemoryType.CPU: DLDeviceType.kDLCPU,
+    MemoryType.CPU_PINNED: DLDeviceType.kDLCUDAHost,
+    MemoryType.GPU: DLDeviceType.kDLCUDA,
+}
+MEMORY_OF_DEVICE: Final = {
+    KDL_CPU: MemoryType.CPU,
+    KDL_CUDA_HOST: MemoryType.CPU_PINNED,
+    KDL_CUDA: MemoryType.GPU,
+}
+
+_c_strides: Final = dl.c_strides
+
+DTYPE_OF_DL: dict[tuple[int, int, int], TritonDtype] = {}
+for _td in TritonDtype:
+    if _td not in (TritonDtype.TYPE_INVALID, TritonDtype.TYPE_BYTES):
+        DTYPE_OF_DL[triton_to_dlpack(_td)] = _td
+
+
+def device_error(device_type: int) -> TritonModelException:
+    """Upstream's error for a DLPack device Python backend does not support."""
+    return TritonModelException(f"DLDevice type {device_type} is not supported by Python backend.")
+
+
+def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """C order, ignoring size-1 dims; every empty tensor passes (fixes upstream's check, which
+    skips ``strides[0]`` and 1-D tensors and rejects empty ones)."""
+    if 0 in shape:
+        return True
+    expected = 1
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n != 1:
+            if s != expected:
+                return False
+            expected *= n
+    return True
+
+
+def check_importable(t: dl.DLPackTensor) -> None:
+    """Triton's rules for DLPack input, applied before the capsule is consumed.
+
+    Raises:
+        TritonModelException: an unsupported device or dtype, or a tensor that is not
+            C-contiguous.
+    """
+    strides = t.strides
+    if (
+        t.dtype in DTYPE_OF_DL
+        and t.device[0] in MEMORY_OF_DEVICE
+        and (strides == _c_strides(t.shape) or _c_contiguous(t.shape, strides))
+    ):
+        return  # the common case, decided with three lookups
+    device_type = int(t.device[0])
+    if device_type not in MEMORY_OF_DEVICE:
+        raise device_error(device_type)
+    if t.dtype not in DTYPE_OF_DL:
+        dtype = triton_from_dlpack(*t.dtype)  # raises upstream's BF16 bit-width message
+        if dtype == TritonDtype.TYPE_INVALID:
+            code, bits, lanes = t.dtype
+            raise TritonModelException(
+                f"Dtype is invalid. DLPack data type (code={code}, bits={bits}, lanes={lanes}) "
+                "has no Triton equivalent."
+            )
+    if not (strides == _c_strides(t.shape) or _c_contiguous(t.shape, strides)):
+        raise TritonModelException(_NOT_CONTIGUOUS)
+
+
+def import_gpu(producer: object, device_id: int) -> dl.DLPackTensor:
+    """python_backend's GPU import through :func:`cuda.import_from_producer`:
+    device ``device_id`` current, ``__dlpack__(stream=<its proxy stream>)``, then the proxy
+    stream synchronised and the caller's device restored (also when anything fails).
+
+    Raises:
+        TritonModelException: the producer exported memory of another device, or the tensor
+            breaks :func:`check_importable`; ``CudaUnavailableError`` without CUDA.
+    """
+    from pb_tensor import cuda
+
+    def check(t: dl.DLPackTensor) -> None:
+        if t.device != (KDL_CUDA, device_id):
+            # The producer said (kDLCUDA, id) but exported other memory: trusting the capsule
+            # would skip the synchronisation it was scoped for.
+            raise TritonModelException(
+                f"DLPack producer reported device (kDLCUDA, {device_id}) but exported a tensor "
+                f"on device ({int(t.device[0])}, {t.device[1]})"
+            )
+        check_importable(t)
+
+    try:
+        return cuda.import_from_producer(producer, device_id, check)
+    except cuda.CudaUnavailableError as exc:
+        # Upstream's text for a CPU-only build, then why CUDA cannot be used here.
+        raise cuda.CudaUnavailableError(
+            f"{_GPU_UNAVAILABLE}: {exc}", exc.code, exc.error_name
+        ) from exc
+
+
+def wait_for_producer(api: ExchangeAPI, imported: dl.DLPackTensor) -> None:
+    """Order a GPU tensor imported through the exchange API (which does no synchronisation)
+    as python_backend's protocol import does: on return the data is ready for any stream.
+
+    ``__dlpack__(stream=proxy)`` makes the proxy stream wait for the producer's current stream
+    and the import then synchronises the proxy, i.e. the host waits for the work queued on the
+    producer's current stream. Here the host waits for that stream directly (its handle from
+    ``current_work_stream``), with the tensor's device current and the caller's device restored,
+    and with the protocol path's error texts. On failure the tensor is released first.
+
+    Raises:
+        CudaUnavailableError: CUDA cannot be used; other CUDA errors as raised.
+    """
+    from pb_tensor import cuda
+
+    device_id = imported.device[1]
+    try:
+        cuda.synchronize(api.current_work_stream(KDL_CUDA, device_id), device=device_id)
+    except cuda.CudaUnavailableError as exc:
+        imported.close()
+        raise cuda.CudaUnavailableError(
+            f"{_GPU_UNAVAILABLE}: {exc}", exc.code, exc.error_name
+        ) from exc
+    except BaseException:
+        imported.close()
+        raise
