@@ -13,7 +13,7 @@ import numpy as np
 import dlpack_ctypes as dl
 from dlpack_ctypes.abi import DLDeviceType
 from dlpack_ctypes.exchange import exchange_api as _exchange_api
-from pb_tensor import _pickling, bytes_codec
+from pb_tensor import bytes_codec
 from pb_tensor._tensor_export import ctypes_export as _ctypes_export
 from pb_tensor._tensor_export import host_copy as _host_copy
 from pb_tensor._tensor_export import numpy_export as _numpy_export
@@ -318,6 +318,8 @@ class Tensor(TensorFields):
             payload = self._array
         else:
             payload = self._make_array()
+        from pb_tensor import _pickling  # on first use: import pb_tensor stays lean
+
         return _rebuild_tensor, _pickling.encode(
             self._name, self._dtype, self._dims, memory_type, self._memory_id, payload,
             int(protocol),
@@ -426,6 +428,8 @@ def _rebuild_tensor(header: object, payload: object, /) -> Tensor:
     Raises:
         TritonModelException: a corrupted or truncated pickle (the rule it breaks).
     """
+    from pb_tensor import _pickling
+
     name, dtype, dims, array, imported, serialized = _pickling.decode(header, payload)
     return _fill(_new_tensor(Tensor), name, dtype, dims, MemoryType.CPU, 0, array, imported,
                  serialized)
