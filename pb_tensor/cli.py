@@ -171,7 +171,9 @@ def _demo_gpu(table: _Table) -> None:
     if reason is None:
         table.add("CUDA", _OK, f"{cuda.device_count()} device(s) available")
     else:
-        table.add("CUDA", _SKIP, reason[0].upper() + reason[1:] + ".")
+        # A sentence, but a package name keeps its own spelling ("cuda-python ...").
+        first = reason if reason.startswith("cuda-python") else reason[0].upper() + reason[1:]
+        table.add("CUDA", _SKIP, first + ".")
 
 
 def _demo() -> int:
