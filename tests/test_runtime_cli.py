@@ -40,6 +40,14 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
     return status, captured.out, captured.err
 
 
+
+NEEDS_PROTOBUF = pytest.mark.skipif(
+    importlib.util.find_spec("google") is None
+    or importlib.util.find_spec("google.protobuf") is None,
+    reason="protobuf is not installed (the [runtime] extra): models cannot be loaded",
+)
+
+@NEEDS_PROTOBUF
 def test_run_prints_outputs() -> None:
     r = _run("-m", "pb_tensor", "run", str(EXAMPLES), "add_sub",
              "-i", "INPUT0=[1, 2, 3]", "-i", "INPUT1=[0.5, 0.5, 0.5]")
@@ -50,6 +58,7 @@ def test_run_prints_outputs() -> None:
     ]
 
 
+@NEEDS_PROTOBUF
 def test_run_json_npy_and_in_process(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -65,6 +74,7 @@ def test_run_json_npy_and_in_process(
     }
 
 
+@NEEDS_PROTOBUF
 def test_run_streams_decoupled_and_bytes(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = _cli(capsys, "run", str(EXAMPLES), "decoupled_repeat", "-i", "N=[2]")
     assert status == 0, err
@@ -77,6 +87,7 @@ def test_run_streams_decoupled_and_bytes(capsys: pytest.CaptureFixture[str]) -> 
     assert json.loads(out)["outputs"]["OUTPUT0"]["data"] == ["hi", "there"]
 
 
+@NEEDS_PROTOBUF
 def test_run_errors(capsys: pytest.CaptureFixture[str]) -> None:
     status, _, err = _cli(capsys, "run", str(EXAMPLES), "add_sub", "--in-process",
                           "-i", "INPUT0=[1]")
@@ -90,6 +101,7 @@ def test_run_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "expected NAME=FILE.npy or NAME=JSON" in err
 
 
+@NEEDS_PROTOBUF
 def test_check_reports_each_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -148,12 +160,14 @@ print("status", status)
     )
 
 
+@NEEDS_PROTOBUF
 def test_check_empty_repository(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = _cli(capsys, "check", str(tmp_path))
     assert status == 1
     assert out == f"no models in {tmp_path}\n"
 
 
+@NEEDS_PROTOBUF
 def test_pytest_plugin_fixture(tmp_path: Path) -> None:
     (tmp_path / "test_user.py").write_text(textwrap.dedent(f"""
         import os
