@@ -220,10 +220,12 @@ def decode(header: object, payload: object) -> Decoded:
 def _view(payload: object, dtype: np.dtype[Any], byte_size: int, name: str) -> Any:
     """``payload`` as a flat array of ``dtype``, without a copy, holding ``byte_size`` bytes."""
     try:
+        # payload comes from an untrusted stream, so it is typed `object`; np.frombuffer is
+        # the check that it is a buffer (TypeError otherwise).
         data = np.frombuffer(payload, dtype=dtype)  # type: ignore[call-overload]
     except (TypeError, ValueError, BufferError) as exc:
         try:
-            nbytes = memoryview(payload).nbytes  # type: ignore[arg-type]
+            nbytes = memoryview(payload).nbytes  # type: ignore[arg-type]  # same: may raise
         except TypeError:
             nbytes = byte_size
         if nbytes != byte_size:

@@ -192,6 +192,8 @@ class StubEngine:
         self.info: HostInfo | None = None
         self.channel: Channel | None = None
         self.proc: subprocess.Popen[bytes] | None = None
+        # typeshed's finalize takes the callback's ParamSpec and return type, which a stored
+        # finalizer of any callback cannot name.
         self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
 
     # -- process ------------------------------------------------------------------------------
@@ -236,7 +238,8 @@ class StubEngine:
         if kind == "failed":
             self.kill()
             raise StubFailure(result)
-        return result  # type: ignore[no-any-return]
+        loaded: dict[str, Any] = result
+        return loaded
 
     def initialize(self, info: HostInfo) -> None:
         """Send ``initialize(args)`` to a spawned stub.
@@ -412,7 +415,8 @@ class StubEngine:
             _, _, snapshot = self._expect(("metrics",), 30.0)
         except StubFailure:
             return {}
-        return snapshot  # type: ignore[no-any-return]
+        values: dict[str, Any] = snapshot
+        return values
 
     def stop(self) -> str | None:
         """``finalize`` in the stub, then let it exit (killed if it does not in time)."""

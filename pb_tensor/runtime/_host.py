@@ -9,6 +9,7 @@ backend) differ.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import itertools
 import logging
@@ -266,8 +267,8 @@ class ModelHost:
         requests = []
         for i, data in enumerate(batch):
             sender = InferenceResponseSender(
-                (lambda r, f, i=i: sink(i, r, f)),  # type: ignore[misc]
-                (lambda i=i: is_cancelled(i)),  # type: ignore[misc]
+                functools.partial(sink, i),
+                functools.partial(is_cancelled, i),
                 decoupled=self.info.decoupled,
                 requested_output_names=data.requested_outputs,
             )

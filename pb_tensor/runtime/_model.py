@@ -147,7 +147,8 @@ class LoadedModel:
     def config(self) -> dict[str, Any]:
         """The completed configuration (after ``auto_complete_config``), in the JSON form
         ``initialize`` received as ``args["model_config"]``."""
-        return json.loads(json.dumps(self._config))  # type: ignore[no-any-return]
+        copied: dict[str, Any] = json.loads(json.dumps(self._config))
+        return copied
 
     @property
     def isolated(self) -> bool:

@@ -8,7 +8,7 @@ fails here the way it fails in Triton.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pb_tensor import Tensor, TritonDtype
@@ -39,6 +39,12 @@ class ModelSpec:
     max_batch_size: int
     inputs: tuple[IOSpec, ...]
     outputs: tuple[IOSpec, ...]
+    # Derived in __post_init__: what the success path of validate_request reads.
+    table: dict[str, tuple[TritonDtype, tuple[int, ...]]] = field(
+        init=False, repr=False, compare=False
+    )
+    all_required: bool = field(init=False, repr=False, compare=False)
+    output_list: list[str] = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, config: Any) -> ModelSpec:
@@ -58,21 +64,21 @@ class ModelSpec:
     def __post_init__(self) -> None:
         # The success path of validate_request reads only these.
         table = {i.name: (i.dtype, i.dims) for i in self.inputs}
-        object.__setattr__(self, "_table", table)
-        object.__setattr__(self, "_all_required", not any(i.optional for i in self.inputs))
-        object.__setattr__(self, "_outputs", [o.name for o in self.outputs])
+        object.__setattr__(self, "table", table)
+        object.__setattr__(self, "all_required", not any(i.optional for i in self.inputs))
+        object.__setattr__(self, "output_list", [o.name for o in self.outputs])
 
     @property
     def output_names(self) -> list[str]:
         """Configured output names, in order."""
-        return list(self._outputs)  # type: ignore[attr-defined]
+        return list(self.output_list)
 
 
 def _quick_ok(spec: ModelSpec, inputs: Sequence[Tensor]) -> bool:
     """Whether the request is valid, decided cheaply; False also when unsure (the full check
     then finds the error, or accepts)."""
-    table: dict[str, tuple[TritonDtype, tuple[int, ...]]] = spec._table  # type: ignore[attr-defined]
-    if not spec._all_required or len(inputs) != len(table):  # type: ignore[attr-defined]
+    table = spec.table
+    if not spec.all_required or len(inputs) != len(table):
         return False
     batching = spec.max_batch_size > 0
     batch = -1

@@ -200,17 +200,19 @@ class ModelConfig:
 def get_input_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
     """The configuration of the input called ``name`` (from ``json.loads(args["model_config"])``),
     or None."""
+    properties: dict[str, Any]
     for properties in model_config.get("input", ()):
         if properties["name"] == name:
-            return properties  # type: ignore[no-any-return]
+            return properties
     return None
 
 
 def get_output_config_by_name(model_config: Mapping[str, Any], name: str) -> dict[str, Any] | None:
     """The configuration of the output called ``name``, or None."""
+    properties: dict[str, Any]
     for properties in model_config.get("output", ()):
         if properties["name"] == name:
-            return properties  # type: ignore[no-any-return]
+            return properties
     return None
 
 
