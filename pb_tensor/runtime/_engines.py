@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -46,7 +46,7 @@ _ACK_BYTES = 1 << 20
 class Engine(Protocol):
     """What :class:`~pb_tensor.runtime.LoadedModel` runs requests on."""
 
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]: ...
+    def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]: ...
     def metrics(self) -> dict[str, Any]: ...
     def is_ready(self) -> tuple[bool, str | None]: ...
     def stop(self) -> str | None: ...
@@ -81,20 +81,25 @@ class InProcessEngine:
     def pid(self) -> int | None:
         return None
 
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
+    def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
+        if self.host.info.decoupled:
+            return self._run_decoupled(batch, timeout)
+        # Every response arrives before execute returns: the replies are a list.
+        sent: list[tuple[int, InferenceResponse | None, int]] = []
+        error = self.host.execute(
+            self.host.build_requests(batch, lambda i, r, f: sent.append((i, r, f)),
+                                     _never_cancelled)
+        )  # fmt: skip
+        tracker = Tracker(len(batch), False, self.host.info.instance_name)
+        replies: list[Reply] = []
+        for item in sent:
+            replies.extend(tracker.reply(_reply_from(*item)))
+        replies.extend(tracker.done(error))
+        return replies
+
+    def _run_decoupled(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
         info = self.host.info
-        tracker = Tracker(len(batch), info.decoupled, info.instance_name)
-        if not info.decoupled:
-            # Every response arrives before execute returns: a list is enough.
-            sent: list[tuple[int, InferenceResponse | None, int]] = []
-            requests = self.host.build_requests(
-                batch, lambda i, r, f: sent.append((i, r, f)), _never_cancelled
-            )
-            error = self.host.execute(requests)
-            for item in sent:
-                yield from tracker.reply(_reply_from(*item))
-            yield from tracker.done(error)
-            return
+        tracker = Tracker(len(batch), True, info.instance_name)
         deadline = None if timeout is None else time.monotonic() + timeout
         events: queue.SimpleQueue[tuple[int, InferenceResponse | None, int]] = (
             queue.SimpleQueue()

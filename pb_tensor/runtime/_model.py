@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
-from pb_tensor.runtime._engines import Engine, StubEngine
+from pb_tensor.runtime._engines import Engine, InProcessEngine, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
 from pb_tensor.runtime._tracker import FINAL, Reply
-from pb_tensor.runtime._validate import ModelSpec, validate_request
+from pb_tensor.runtime._validate import ModelSpec, arrays_ok, validate_request
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -122,6 +122,9 @@ class LoadedModel:
         self._instance_name = instance_name
         self._timeout = timeout
         self._engine: Engine | None = None
+        # Replies are complete when the engine's run returns (in-process, not decoupled):
+        # they need no generator holding the lock between them.
+        self._eager = False
         self._lock = threading.RLock()
         self._busy_thread: int | None = None
         self._input_dtypes: dict[str, Any] = {}
@@ -131,6 +134,7 @@ class LoadedModel:
 
     def _attach(self, engine: Engine) -> None:
         self._engine = engine
+        self._eager = isinstance(engine, InProcessEngine) and not self._decoupled
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -187,49 +191,85 @@ class LoadedModel:
     ) -> RequestData:
         if not isinstance(inputs, Mapping):
             raise TypeError(f"inputs must be a mapping of names to values, not {type(inputs)}")
+        params = json.dumps(dict(parameters)) if parameters else "{}"
+        if not requested_outputs and arrays_ok(self._spec, inputs):
+            # Numpy arrays that already match the configuration: validated before they
+            # become tensors, as validate_request would find them.
+            return RequestData(
+                [Tensor(n, v) for n, v in inputs.items()], self._spec.output_names, request_id,
+                correlation_id, flags, params, 0, True,
+            )  # fmt: skip
         return RequestData(
             [to_tensor(n, v, self._input_dtypes.get(n)) for n, v in inputs.items()],
             list(requested_outputs or ()),
             request_id,
             correlation_id,
             flags,
-            json.dumps(dict(parameters)) if parameters else "{}",
+            params,
         )
 
-    def _replies(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
-        """Validate, run, and yield every reply (errors included) with batch indexes."""
+    def _replies(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
+        """Validate, run, and give every reply (errors included) with batch indexes: a list
+        when the engine's run completes them all at once, else a generator."""
+        early: list[Reply] = []
         valid: list[RequestData] = []
         where: list[int] = []
         for i, data in enumerate(batch):
-            try:
-                data.requested_outputs = validate_request(
-                    self._spec, data.inputs, data.requested_outputs, data.request_id
-                )
-            except InferenceError as exc:
-                yield Reply(i, [], exc, "{}", FINAL, False)
-                continue
+            if not data.validated:
+                try:
+                    data.requested_outputs = validate_request(
+                        self._spec, data.inputs, data.requested_outputs, data.request_id
+                    )
+                except InferenceError as exc:
+                    early.append(Reply(i, [], exc, "{}", FINAL, False))
+                    continue
+                data.validated = True
             valid.append(data)
             where.append(i)
         if not valid:
-            return
+            return early
         if self._busy_thread == threading.get_ident():
             error = InferenceError(
                 f"model '{self._name}' has one instance and this thread is already using it "
                 "(a BLS request to itself, or a request made while iterating its stream)",
                 TritonError.UNAVAILABLE,
             )
-            for i in where:
-                yield Reply(i, [], error, "{}", FINAL, False)
-            return
+            early.extend(Reply(i, [], error, "{}", FINAL, False) for i in where)
+            return early
+        if not self._eager:
+            return self._run_lazily(early, valid, where, timeout)
         with self._lock:
             engine = self._engine
             if engine is None:
-                error = InferenceError(
-                    f"Request for unknown model: '{self._name}' is not found",
-                    TritonError.INVALID_ARG,
-                )
-                for i in where:
-                    yield Reply(i, [], error, "{}", FINAL, False)
+                early.extend(self._unloaded(where))
+                return early
+            self._busy_thread = threading.get_ident()
+            try:
+                replies = list(engine.run(valid, self._timeout if timeout is None else timeout))
+            finally:
+                self._busy_thread = None
+        for reply in replies:
+            reply.index = where[reply.index]
+        if early:
+            early.extend(replies)
+            return early
+        return replies
+
+    def _unloaded(self, where: list[int]) -> list[Reply]:
+        error = InferenceError(
+            f"Request for unknown model: '{self._name}' is not found", TritonError.INVALID_ARG
+        )
+        return [Reply(i, [], error, "{}", FINAL, False) for i in where]
+
+    def _run_lazily(
+        self, early: list[Reply], valid: list[RequestData], where: list[int],
+        timeout: float | None,
+    ) -> Iterator[Reply]:
+        yield from early
+        with self._lock:
+            engine = self._engine
+            if engine is None:
+                yield from self._unloaded(where)
                 return
             self._busy_thread = threading.get_ident()
             try:
@@ -390,7 +430,7 @@ class LoadedModel:
             )
             return iter([Reply(0, [], error, "{}", FINAL, False)])
         timeout = None if not timeout_us else timeout_us / 1e6
-        return target._replies([data], timeout)
+        return iter(target._replies([data], timeout))
 
     def on_stub_message(self, engine: StubEngine, kind: str, tensors: list[Tensor],
                         body: Any) -> None:

@@ -12,9 +12,13 @@ from pb_tensor.utils import (
 from pb_tensor.utils._context import (
     InferenceResponseSender,
     ModelBackend,
+    claim_direct_send,
     close_sender,
+    created_sender,
     make_request,
     metric_snapshot,
+    new_request,
+    prune_output_tensors,
     set_backend,
     set_process_backend,
 )
@@ -26,9 +30,13 @@ __all__ = [
     "ModelBackend",
     "ModelConfig",
     "TritonError",
+    "claim_direct_send",
     "close_sender",
+    "created_sender",
     "make_request",
     "metric_snapshot",
+    "new_request",
+    "prune_output_tensors",
     "set_backend",
     "set_process_backend",
 ]
