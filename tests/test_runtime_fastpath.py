@@ -24,7 +24,7 @@ from pb_tensor.utils import InferenceResponse, TritonError
 from pb_tensor.utils._context import (
     InferenceResponseSender,
     claim_direct_send,
-    created_sender,
+    created_senders,
     make_request,
     new_request,
     responses_sent,
@@ -139,7 +139,7 @@ def test_sender_is_made_on_first_use_once() -> None:
     source = _Source()
     r = _fast(source=source, index=4)
     assert source.made == []
-    assert created_sender(r) is None
+    assert created_senders([r]) == []
     senders: list[InferenceResponseSender] = []
     threads = [
         threading.Thread(target=lambda: senders.append(r.get_response_sender()))
@@ -151,7 +151,7 @@ def test_sender_is_made_on_first_use_once() -> None:
         t.join()
     assert all(s is senders[0] for s in senders)
     assert source.made == [(4, frozenset({"X", "Y"}))]
-    assert created_sender(r) is senders[0]
+    assert created_senders([r]) == [senders[0]]
 
 
 def test_cancellation_reaches_a_request_without_a_sender() -> None:
@@ -165,9 +165,12 @@ def test_cancellation_reaches_a_request_without_a_sender() -> None:
 
 
 def test_directly_delivered_response_counts_as_sent() -> None:
-    r = _fast(source=_Source())
-    assert claim_direct_send(r) is True
-    assert claim_direct_send(r) is False  # the next one goes through the sender
+    r = _fast(source=_Source(), requested_output_names=["X"])
+    a, b = Tensor("X", np.zeros(1, np.int8)), Tensor("Y", np.zeros(1, np.int8))
+    response = InferenceResponse([a, b])
+    assert claim_direct_send(r, response) is True
+    assert [t.name() for t in response.output_tensors()] == ["X"]  # pruned as send() does
+    assert claim_direct_send(r, response) is False  # the next one goes through the sender
     sender = r.get_response_sender()
     assert responses_sent(sender) == 1
     assert sender_is_closed(sender)
@@ -182,7 +185,7 @@ def test_taken_sender_is_not_claimed() -> None:
     source = _Source()
     r = _fast(source=source)
     sender = r.get_response_sender()
-    assert claim_direct_send(r) is False
+    assert claim_direct_send(r, InferenceResponse()) is False
     assert r.get_response_sender() is sender
     sender.send(InferenceResponse(), 1)
     assert len(source.sent) == 1

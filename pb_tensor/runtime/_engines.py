@@ -31,7 +31,7 @@ from pb_tensor.runtime._host import (
     RequestData,
 )
 from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
-from pb_tensor.runtime._tracker import Reply, Tracker
+from pb_tensor.runtime._tracker import FINAL, Reply, Tracker
 from pb_tensor.shm import SharedMemoryPool
 
 __all__ = ["Engine", "InProcessEngine", "StubEngine", "StubFailure"]
@@ -85,13 +85,23 @@ class InProcessEngine:
         if self.host.info.decoupled:
             return self._run_decoupled(batch, timeout)
         # Every response arrives before execute returns: the replies are a list.
+        replies: list[Reply]
         sent: list[tuple[int, InferenceResponse | None, int]] = []
         error = self.host.execute(
             self.host.build_requests(batch, lambda i, r, f: sent.append((i, r, f)),
                                      _never_cancelled)
         )  # fmt: skip
+        if error is None and len(sent) == len(batch):
+            # Each request got one final response, in order: the tracker would pass them all.
+            replies = []
+            for i, (index, response, flags) in enumerate(sent):
+                if index != i or flags != FINAL:
+                    break
+                replies.append(_reply_from(index, response, flags))
+            else:
+                return replies
         tracker = Tracker(len(batch), False, self.host.info.instance_name)
-        replies: list[Reply] = []
+        replies = []
         for item in sent:
             replies.extend(tracker.reply(_reply_from(*item)))
         replies.extend(tracker.done(error))

@@ -32,9 +32,8 @@ from pb_tensor.runtime._seam import (
     ModelConfig,
     claim_direct_send,
     close_sender,
-    created_sender,
+    created_senders,
     new_request,
-    prune_output_tensors,
     set_backend,
 )
 
@@ -306,11 +305,11 @@ class ModelHost:
             )
             log.error("%s", error)
         if error is not None or not self.info.decoupled:
-            # Senders made from now on come closed; close the ones the model took.
+            # Senders made from now on come closed; close the ones the model took (none
+            # when every response went out directly: later senders count those as sent).
             batch.done = True
-            for request in requests:
-                sender = created_sender(request)
-                if sender is not None:
+            if batch.direct != len(requests):
+                for sender in created_senders(requests):
                     close_sender(sender)
         return error
 
@@ -358,10 +357,10 @@ class ModelHost:
                     f"list, found type '{type(response)}'."
                 )
             try:
-                if claim_direct_send(request):
+                if claim_direct_send(request, response):
                     # What the sender's send(response, FINAL) does for a request that sent
                     # nothing yet, without making the sender.
-                    prune_output_tensors(response, request.requested_output_names())
+                    batch.direct += 1
                     sink(index, response, TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 else:
                     request.get_response_sender().send(
@@ -376,7 +375,7 @@ class Batch:
     """The requests of one ``execute`` call and where their responses go; the source of
     their senders (made on first use: non-decoupled models rarely ask for one)."""
 
-    __slots__ = ("_is_cancelled", "decoupled", "done", "requests", "sink")
+    __slots__ = ("_is_cancelled", "decoupled", "direct", "done", "requests", "sink")
 
     def __init__(self, sink: Sink, is_cancelled: Callable[[int], bool], decoupled: bool) -> None:
         self.sink = sink
@@ -386,6 +385,8 @@ class Batch:
         # Set once the requests ended (a non-decoupled execute returned, or execute failed):
         # senders made afterwards come closed.
         self.done = False
+        # How many returned responses the runtime delivered without a sender.
+        self.direct = 0
 
     def make_sender(
         self, index: int, requested_output_names: Collection[str]

@@ -115,16 +115,19 @@ def arrays_ok(spec: ModelSpec, inputs: Mapping[str, object]) -> bool:
     if table is None or len(inputs) != len(table):
         return False
     limit = spec.max_batch_size
-    batch = -1
+    batch = 0  # as Triton: a batch size of 0 counts as not yet known
     for name, value in inputs.items():
         entry = table.get(name)
         if entry is None or type(value) is not np.ndarray or value.dtype is not entry[0]:
             return False
         shape = value.shape
         if limit > 0:
-            if not shape or (batch >= 0 and shape[0] != batch):
+            if not shape:
                 return False
-            batch = shape[0]
+            if batch == 0:
+                batch = shape[0]
+            elif shape[0] != batch:
+                return False
             shape = shape[1:]
         if len(shape) != entry[1]:
             return False

@@ -6,7 +6,7 @@ Everything the runtime needs beyond the public ``pb_utils`` surface, under publi
   (process-wide fallback), :func:`get_backend`: where BLS and model control go;
 * :func:`make_request` and :func:`new_request` (the requests ``execute`` receives, the
   latter with senders made on first use from a :class:`SenderSource`),
-  :func:`claim_direct_send`, :func:`created_sender`, :func:`cancel_request`,
+  :func:`claim_direct_send`, :func:`created_senders`, :func:`cancel_request`,
   :func:`release_flags`;
 * :class:`InferenceResponseSender` construction, :func:`close_sender`,
   :func:`sender_is_closed`, :func:`responses_sent`, :func:`prune_output_tensors`;
@@ -33,7 +33,7 @@ from pb_tensor.utils._request import (
     SenderSource,
     cancel_request,
     claim_direct_send,
-    created_sender,
+    created_senders,
     make_request,
     new_request,
     release_flags,
@@ -56,7 +56,7 @@ __all__ = [
     "cancel_request",
     "claim_direct_send",
     "close_sender",
-    "created_sender",
+    "created_senders",
     "get_backend",
     "get_backend_or_none",
     "make_request",

@@ -22,6 +22,7 @@ from pb_tensor.utils._response import (
     ResponseIterator,
     SenderSource,
     mark_final_sent,
+    prune_output_tensors,
 )
 from pb_tensor.utils._types import (
     INT64_MAX,
@@ -42,7 +43,7 @@ __all__ = [
     "SenderSource",
     "cancel_request",
     "claim_direct_send",
-    "created_sender",
+    "created_senders",
     "make_request",
     "new_request",
     "release_flags",
@@ -489,24 +490,25 @@ def new_request(
     return request
 
 
-def claim_direct_send(request: InferenceRequest) -> bool:
-    """For the response a non-decoupled ``execute`` returned: True when the model never
-    took the request's sender, so the runtime delivers the response itself (a sender made
-    later counts it as sent, as if it had gone through it); False: send it through
-    ``request.get_response_sender()``."""
+def claim_direct_send(request: InferenceRequest, response: InferenceResponse) -> bool:
+    """For the ``response`` a non-decoupled ``execute`` returned: True when the model never
+    took the request's sender, so the runtime delivers the response itself (its outputs are
+    pruned to the requested ones here, as the sender's ``send`` does; a sender made later
+    counts it as sent); False: send it through ``request.get_response_sender()``."""
     with _LAZY_LOCK:
-        if request._sender is None:
-            request._sender = _DELIVERED
-            return True
-        return False
+        if request._sender is not None:
+            return False
+        request._sender = _DELIVERED
+    prune_output_tensors(response, request._requested_output_names)
+    return True
 
 
-def created_sender(request: InferenceRequest) -> InferenceResponseSender | None:
-    """The request's sender if one was made (the runtime closes it when the request ends;
-    one made later comes closed from its source)."""
+def created_senders(requests: list[InferenceRequest]) -> list[InferenceResponseSender]:
+    """The senders made for ``requests`` so far (the runtime closes them when the requests
+    end; one made later comes closed from its source)."""
     with _LAZY_LOCK:  # a sender being made now is seen, or sees its source closed
-        sender = request._sender
-    return sender if type(sender) is InferenceResponseSender else None
+        senders = [r._sender for r in requests]
+    return [s for s in senders if type(s) is InferenceResponseSender]
 
 
 def cancel_request(request: InferenceRequest) -> None:
