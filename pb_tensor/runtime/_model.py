@@ -17,7 +17,7 @@ from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
 from pb_tensor.runtime._tracker import FINAL, Reply
-from pb_tensor.runtime._validate import ModelSpec, arrays_ok, validate_request
+from pb_tensor.runtime._validate import ModelSpec, array_tensors, validate_request
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -192,15 +192,13 @@ class LoadedModel:
         if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise TypeError(f"inputs must be a mapping of names to values, not {type(inputs)}")
         params = json.dumps(dict(parameters)) if parameters else "{}"
-        if not requested_outputs and arrays_ok(self._spec, inputs):
-            # Numpy arrays that already match the configuration: validated before they
-            # become tensors, as validate_request would find them. from_dlpack wraps a
-            # C-contiguous array as Tensor() does, with fewer checks; Tensor() copies others.
-            return RequestData(
-                [Tensor.from_dlpack(n, v) if v.flags.c_contiguous else Tensor(n, v)
-                 for n, v in inputs.items()],
-                self._spec.output_names, request_id, correlation_id, flags, params, 0, True,
-            )  # fmt: skip
+        if not requested_outputs:
+            # Numpy arrays that already match the configuration: validated as they become
+            # tensors, as validate_request would find them.
+            tensors = array_tensors(self._spec, inputs)
+            if tensors is not None:
+                return RequestData(tensors, self._spec.output_names, request_id,
+                                   correlation_id, flags, params, 0, True)  # fmt: skip
         return RequestData(
             [to_tensor(n, v, self._input_dtypes.get(n)) for n, v in inputs.items()],
             list(requested_outputs or ()),
@@ -251,12 +249,12 @@ class LoadedModel:
                 replies = ran if type(ran) is list else list(ran)
             finally:
                 self._busy_thread = None
+        if not early:
+            return replies  # every request ran: the indexes are the batch's already
         for reply in replies:
             reply.index = where[reply.index]
-        if early:
-            early.extend(replies)
-            return early
-        return replies
+        early.extend(replies)
+        return early
 
     def _unloaded(self, where: list[int]) -> list[Reply]:
         error = InferenceError(

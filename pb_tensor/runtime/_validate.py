@@ -17,9 +17,10 @@ from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._seam import TritonError
 
-__all__ = ["IOSpec", "ModelSpec", "arrays_ok", "validate_request"]
+__all__ = ["IOSpec", "ModelSpec", "array_tensors", "arrays_ok", "validate_request"]
 
 _WILDCARD = -1
+_from_dlpack = Tensor.from_dlpack
 
 
 @dataclass(frozen=True)
@@ -102,39 +103,50 @@ def _array_table(
     return table
 
 
-def arrays_ok(spec: ModelSpec, inputs: Mapping[str, object]) -> bool:
-    """Whether a request whose inputs are numpy arrays (before they become tensors) is
-    valid, decided with a few lookups per input; False also when unsure (the caller then
-    makes the tensors and runs :func:`validate_request`, which finds the error or accepts).
+def array_tensors(spec: ModelSpec, inputs: Mapping[str, object]) -> list[Tensor] | None:
+    """The inputs as tensors when they are numpy arrays that make a valid request, decided
+    with a few lookups per input; None also when unsure (the caller then makes the tensors
+    its general way and runs :func:`validate_request`, which finds the error or accepts).
 
-    Only arrays of the configured dtype itself (native byte order) qualify: the tensors
-    made from them have exactly the configured data type and the arrays' shapes, so this
-    accepts nothing :func:`validate_request` would refuse.
+    Only arrays of the configured dtype itself (numpy's own dtype object, native byte order)
+    qualify: their tensors have exactly the configured data type and the arrays' shapes, so
+    this accepts nothing :func:`validate_request` would refuse. A C-contiguous array is
+    wrapped through ``Tensor.from_dlpack`` (the same zero-copy tensor ``Tensor()`` makes,
+    with fewer checks); ``Tensor()`` copies any other, as upstream does.
     """
     table = spec.array_table
     if table is None or len(inputs) != len(table):
-        return False
+        return None
     limit = spec.max_batch_size
     batch = 0  # as Triton: a batch size of 0 counts as not yet known
+    tensors = []
     for name, value in inputs.items():
         entry = table.get(name)
         if entry is None or type(value) is not np.ndarray or value.dtype is not entry[0]:
-            return False
+            return None
         shape = value.shape
         if limit > 0:
             if not shape:
-                return False
+                return None
             if batch == 0:
                 batch = shape[0]
             elif shape[0] != batch:
-                return False
+                return None
             shape = shape[1:]
         if len(shape) != entry[1]:
-            return False
+            return None
         for pos, size in entry[2]:
             if shape[pos] != size:
-                return False
-    return batch <= limit
+                return None
+        tensors.append(
+            _from_dlpack(name, value) if value.flags.c_contiguous else Tensor(name, value)
+        )
+    return tensors if batch <= limit else None
+
+
+def arrays_ok(spec: ModelSpec, inputs: Mapping[str, object]) -> bool:
+    """Whether :func:`array_tensors` accepts ``inputs``."""
+    return array_tensors(spec, inputs) is not None
 
 
 def _quick_ok(spec: ModelSpec, inputs: Sequence[Tensor]) -> bool:
