@@ -8,87 +8,27 @@ import threading
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
-
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
 from pb_tensor.runtime._engines import Engine, InProcessEngine, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
-from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
+from pb_tensor.runtime._placement import gpu_refusal
+from pb_tensor.runtime._seam import (
+    InferenceRequest,
+    TritonError,
+)
 from pb_tensor.runtime._tracker import FINAL, Reply
 from pb_tensor.runtime._validate import ModelSpec, array_tensors, validate_request
+from pb_tensor.runtime._values import InputValue, Outputs, ParameterValue, outputs_of, to_tensor
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from pb_tensor.runtime._repository import ModelRepository
 
-__all__ = ["InputValue", "LoadedModel", "Outputs"]
+__all__ = ["LoadedModel"]
 
 log = logging.getLogger("pb_tensor.runtime")
-
-InputValue = Any
-"""An input value: a ``Tensor``, a numpy array, anything with ``__dlpack__`` (torch, JAX),
-or what ``numpy.asarray`` accepts (lists of numbers, of ``str`` or ``bytes`` for BYTES)."""
-
-Outputs = dict[str, npt.NDArray[Any]]
-"""A response's outputs by name: numpy arrays (zero-copy views of the response's memory;
-BYTES outputs are ``object`` arrays of ``bytes``)."""
-
-ParameterValue = bool | int | str
-
-
-def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
-    """An input value as a ``Tensor`` named ``name`` (zero-copy where the value allows).
-
-    Plain Python values (numbers, lists) take ``dtype`` (the configured numpy type), as a
-    JSON request body does in Triton; arrays and tensors keep their own.
-
-    Raises:
-        TritonModelException: a dtype Triton has no type for.
-    """
-    if type(value) is np.ndarray and value.dtype.kind in "biuf":
-        return Tensor(name, value)  # the common case, first
-    if isinstance(value, Tensor):
-        if value.name() == name:
-            return value
-        return Tensor(name, value.as_numpy())
-    if isinstance(value, np.ndarray):
-        array = value
-    elif hasattr(value, "__dlpack__") and not isinstance(value, (bytes, str)):
-        return Tensor.from_dlpack(name, value)
-    else:
-        array = np.asarray(value)
-        if (
-            dtype is not None
-            and array.dtype.kind in "biuf"
-            and np.can_cast(array.dtype, dtype, casting="same_kind")
-        ):
-            array = array.astype(dtype)
-    if array.dtype.kind == "U" or (
-        array.dtype.kind == "O" and any(isinstance(x, str) for x in array.flat)
-    ):
-        # Text reaches models as Triton delivers BYTES: bytes objects (UTF-8).
-        array = np.array(
-            [x.encode("utf-8") if isinstance(x, str) else x for x in array.flat], dtype=object
-        ).reshape(array.shape)
-    return Tensor(name, array)
-
-
-def outputs_of(reply: Reply) -> Outputs:
-    """The numpy arrays of a reply's tensors, by name."""
-    return {t.name(): t.as_numpy() for t in reply.tensors}
-
-
-def response_of(reply: Reply) -> InferenceResponse:
-    """A reply as the ``InferenceResponse`` a BLS caller receives."""
-    error = None
-    if reply.error is not None:
-        error = TritonError(reply.error.message(), reply.error.code())
-    params = json.loads(reply.parameters) if reply.parameters else None
-    return InferenceResponse(output_tensors=reply.tensors, error=error, parameters=params or None)
-
 
 class LoadedModel:
     """A model version loaded by :meth:`ModelRepository.load`, ready for requests.
@@ -224,6 +164,12 @@ class LoadedModel:
                     early.append(Reply(i, [], exc, "{}", FINAL, False))
                     continue
                 data.validated = True
+            if self._isolated:
+                refusal = gpu_refusal(data.inputs, "input", f"of model '{self._name}'")
+                if refusal is not None:
+                    error = InferenceError(refusal, TritonError.UNSUPPORTED)
+                    early.append(Reply(i, [], error, "{}", FINAL, False))
+                    continue
             valid.append(data)
             where.append(i)
         if not valid:

@@ -4,9 +4,11 @@ the package, runtime hooks from its seam module ``pb_tensor.utils._context``."""
 from __future__ import annotations
 
 from pb_tensor.utils import (
+    TRITONSERVER_MEMORY_CPU,
     InferenceRequest,
     InferenceResponse,
     ModelConfig,
+    PreferredMemory,
     TritonError,
 )
 from pb_tensor.utils._context import (
@@ -23,11 +25,13 @@ from pb_tensor.utils._context import (
 )
 
 __all__ = [
+    "TRITONSERVER_MEMORY_CPU",
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
     "ModelBackend",
     "ModelConfig",
+    "PreferredMemory",
     "TritonError",
     "claim_direct_send",
     "close_sender",
