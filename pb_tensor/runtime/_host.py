@@ -261,7 +261,7 @@ class ModelHost:
                 self._loop = None
         return None
 
-    # -- execute ----------------------------------------------------------------------------
+    # -- execute ------------------------------------------------------------------------------
     def build_requests(
         self,
         batch: Sequence[RequestData],
