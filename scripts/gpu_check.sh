@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one bounded run (5 minutes at most, its own timeouts): the gpu-marked tests
-# (tests/test_cuda_gpu.py, tests/test_tensor_gpu.py, tests/test_pickle.py, and the exchange-API
+# (tests/test_cuda_gpu.py, tests/test_tensor_gpu.py, tests/test_pickle.py, tests/test_runtime_gpu.py
+# (BLS placement; it needs protobuf too), and the exchange-API
 # tests, whose GPU cases use torch's CUDA build when it is there), then the GPU latency benchmark
 # (benchmarks/bench_gpu.py --quick).
 #
@@ -93,7 +94,8 @@ test_limit=$(($(left) - 75))
 [ $test_limit -gt 240 ] && test_limit=240
 say "pytest (limit ${test_limit}s)"
 timeout -k 10 "$test_limit" "$py" -m pytest -m gpu -p no:cacheprovider -q -ra \
-    tests/test_cuda_gpu.py tests/test_tensor_gpu.py tests/test_pickle.py tests/test_exchange_api.py
+    tests/test_cuda_gpu.py tests/test_tensor_gpu.py tests/test_pickle.py tests/test_exchange_api.py \
+    tests/test_runtime_gpu.py
 tests_status=$?
 case $tests_status in
     0) tests_result="PASS${reason:+ (all skipped: no GPU)}" ;;

@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from pb_tensor import Tensor
+from pb_tensor import MemoryType, Tensor
+from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import SharedMemoryPool
 
 __all__ = ["Channel", "ChannelClosed", "Message"]
@@ -48,8 +49,16 @@ class Channel:
 
         Raises:
             ChannelClosed: the peer is gone.
-            TritonModelException: a tensor cannot be saved (pool exhausted, GPU without CUDA).
+            TritonModelException: a tensor cannot be saved (pool exhausted) or is in GPU memory.
         """
+        for t in tensors:
+            if t.memory_type == MemoryType.GPU:
+                # The runtime refuses these earlier with the model's name; this keeps any
+                # other path from sharing GPU memory whose lifetime nobody would track.
+                raise TritonModelException(
+                    f"tensor '{t.name()}' is in GPU memory: tensors cross between the runtime "
+                    "and its stub processes in host memory only"
+                )
         handles = tuple(t.save_to_shared_memory(self.pool) for t in tensors)
         with self._send_lock:
             self._out_seq += 1

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -31,7 +31,7 @@ from pb_tensor.runtime._host import (
     RequestData,
 )
 from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
-from pb_tensor.runtime._tracker import Reply, Tracker
+from pb_tensor.runtime._tracker import FINAL, Reply, Tracker
 from pb_tensor.shm import SharedMemoryPool
 
 __all__ = ["Engine", "InProcessEngine", "StubEngine", "StubFailure"]
@@ -46,7 +46,7 @@ _ACK_BYTES = 1 << 20
 class Engine(Protocol):
     """What :class:`~pb_tensor.runtime.LoadedModel` runs requests on."""
 
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]: ...
+    def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]: ...
     def metrics(self) -> dict[str, Any]: ...
     def is_ready(self) -> tuple[bool, str | None]: ...
     def stop(self) -> str | None: ...
@@ -81,20 +81,35 @@ class InProcessEngine:
     def pid(self) -> int | None:
         return None
 
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
+    def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
+        if self.host.info.decoupled:
+            return self._run_decoupled(batch, timeout)
+        # Every response arrives before execute returns: the replies are a list.
+        replies: list[Reply]
+        sent: list[tuple[int, InferenceResponse | None, int]] = []
+        error = self.host.execute(
+            self.host.build_requests(batch, lambda i, r, f: sent.append((i, r, f)),
+                                     _never_cancelled)
+        )  # fmt: skip
+        if error is None and len(sent) == len(batch):
+            # Each request got one final response, in order: the tracker would pass them all.
+            replies = []
+            for i, (index, response, flags) in enumerate(sent):
+                if index != i or flags != FINAL:
+                    break
+                replies.append(_reply_from(index, response, flags))
+            else:
+                return replies
+        tracker = Tracker(len(batch), False, self.host.info.instance_name)
+        replies = []
+        for item in sent:
+            replies.extend(tracker.reply(_reply_from(*item)))
+        replies.extend(tracker.done(error))
+        return replies
+
+    def _run_decoupled(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
         info = self.host.info
-        tracker = Tracker(len(batch), info.decoupled, info.instance_name)
-        if not info.decoupled:
-            # Every response arrives before execute returns: a list is enough.
-            sent: list[tuple[int, InferenceResponse | None, int]] = []
-            requests = self.host.build_requests(
-                batch, lambda i, r, f: sent.append((i, r, f)), _never_cancelled
-            )
-            error = self.host.execute(requests)
-            for item in sent:
-                yield from tracker.reply(_reply_from(*item))
-            yield from tracker.done(error)
-            return
+        tracker = Tracker(len(batch), True, info.instance_name)
         deadline = None if timeout is None else time.monotonic() + timeout
         events: queue.SimpleQueue[tuple[int, InferenceResponse | None, int]] = (
             queue.SimpleQueue()

@@ -17,7 +17,7 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -30,12 +30,15 @@ from pb_tensor.runtime._seam import (
     InferenceResponseSender,
     ModelBackend,
     ModelConfig,
+    claim_direct_send,
     close_sender,
-    make_request,
+    created_senders,
+    new_request,
     set_backend,
 )
 
 __all__ = [
+    "Batch",
     "HostInfo",
     "ModelHost",
     "RequestData",
@@ -95,6 +98,8 @@ class RequestData:
     flags: int = 0
     parameters: str = "{}"
     timeout_us: int = 0
+    # True once requested_outputs holds what validation of this request gave.
+    validated: bool = False
 
 
 Sink = Callable[[int, InferenceResponse | None, int], None]
@@ -262,59 +267,54 @@ class ModelHost:
         batch: Sequence[RequestData],
         sink: Sink,
         is_cancelled: Callable[[int], bool],
-    ) -> list[InferenceRequest]:
-        """The ``InferenceRequest`` objects ``execute`` receives, each with its sender."""
-        requests = []
-        for i, data in enumerate(batch):
-            sender = InferenceResponseSender(
-                functools.partial(sink, i),
-                functools.partial(is_cancelled, i),
-                decoupled=self.info.decoupled,
-                requested_output_names=data.requested_outputs,
-            )
-            requests.append(
-                make_request(
-                    data.inputs,
-                    data.requested_outputs,
-                    model_name=self.info.name,
-                    model_version=self.info.version,
-                    request_id=data.request_id,
-                    correlation_id=data.correlation_id,
-                    flags=data.flags,
-                    timeout=data.timeout_us,
-                    parameters=None if data.parameters == "{}" else data.parameters,
-                    sender=sender,
-                )
-            )
-        return requests
+    ) -> Batch:
+        """The ``InferenceRequest`` objects ``execute`` receives; each gets its sender when
+        the model first asks for it."""
+        info = self.info
+        built = Batch(sink, is_cancelled, info.decoupled)
+        name, version = info.name, info.version
+        built.requests = [
+            new_request(data.inputs, data.requested_outputs, name, version, data.request_id,
+                        data.correlation_id, data.flags, data.timeout_us, data.parameters,
+                        built, i)
+            for i, data in enumerate(batch)
+        ]  # fmt: skip
+        return built
 
-    def execute(self, requests: list[InferenceRequest]) -> str | None:
-        """Run ``execute`` on ``requests``; responses go to each request's sender.
+    def execute(self, batch: Batch) -> str | None:
+        """Run ``execute`` on the batch's requests; responses go to its sink.
 
         Returns None on success, or Triton's message for the whole batch
         (``Failed to process the request(s) for model '<instance>', message: ...``); the
         senders of a failed batch are closed.
         """
+        requests = batch.requests
         with self._lock:
             previous = set_backend(self._backend)
             try:
-                error = self._execute(requests)
+                error = self._execute(batch)
             finally:
                 set_backend(previous)
+                # The requests point at their batch: a batch pointing back would be a cycle
+                # that keeps their tensors (pool records) alive until the garbage collector.
+                batch.requests = []
         if error is not None:
             error = (
                 f"Failed to process the request(s) for model '{self.info.instance_name}', "
                 f"message: {error}"
             )
             log.error("%s", error)
-            for request in requests:
-                close_sender(request.get_response_sender())
-        elif not self.info.decoupled:
-            for request in requests:
-                close_sender(request.get_response_sender())
+        if error is not None or not self.info.decoupled:
+            # Senders made from now on come closed; close the ones the model took (none
+            # when every response went out directly: later senders count those as sent).
+            batch.done = True
+            if batch.direct != len(requests):
+                for sender in created_senders(requests):
+                    close_sender(sender)
         return error
 
-    def _execute(self, requests: list[InferenceRequest]) -> str | None:
+    def _execute(self, batch: Batch) -> str | None:
+        requests = batch.requests
         instance = self._instance
         if instance is None or not hasattr(instance, "execute"):
             return (
@@ -322,15 +322,16 @@ class ModelHost:
             )
         try:
             returned = instance.execute(requests)
-            if asyncio.iscoroutine(returned):
+            if type(returned) is not list and asyncio.iscoroutine(returned):
                 if self._loop is None:
                     self._loop = asyncio.new_event_loop()
                 returned = self._loop.run_until_complete(returned)
-            return self._process_returned(requests, returned)
+            return self._process_returned(batch, returned)
         except (Exception, SystemExit) as exc:
             return format_exception(exc)
 
-    def _process_returned(self, requests: list[InferenceRequest], returned: object) -> str | None:
+    def _process_returned(self, batch: Batch, returned: object) -> str | None:
+        requests = batch.requests
         if returned is None:
             return None
         if self.info.decoupled:
@@ -346,7 +347,8 @@ class ModelHost:
                 f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
                 f"InferenceResponse(s) size is:{len(returned)}\n"
             )
-        for request, response in zip(requests, returned):
+        sink = batch.sink
+        for index, (request, response) in enumerate(zip(requests, returned)):
             if response is None:
                 continue
             if not isinstance(response, InferenceResponse):
@@ -355,7 +357,51 @@ class ModelHost:
                     f"list, found type '{type(response)}'."
                 )
             try:
-                request.get_response_sender().send(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                if claim_direct_send(request, response):
+                    # What the sender's send(response, FINAL) does for a request that sent
+                    # nothing yet, without making the sender.
+                    batch.direct += 1
+                    sink(index, response, TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                else:
+                    request.get_response_sender().send(
+                        response, TRITONSERVER_RESPONSE_COMPLETE_FINAL
+                    )
             except TritonModelException as exc:
                 return str(exc)
         return None
+
+
+class Batch:
+    """The requests of one ``execute`` call and where their responses go; the source of
+    their senders (made on first use: non-decoupled models rarely ask for one)."""
+
+    __slots__ = ("_is_cancelled", "decoupled", "direct", "done", "requests", "sink")
+
+    def __init__(self, sink: Sink, is_cancelled: Callable[[int], bool], decoupled: bool) -> None:
+        self.sink = sink
+        self._is_cancelled = is_cancelled
+        self.decoupled = decoupled
+        self.requests: list[InferenceRequest] = []
+        # Set once the requests ended (a non-decoupled execute returned, or execute failed):
+        # senders made afterwards come closed.
+        self.done = False
+        # How many returned responses the runtime delivered without a sender.
+        self.direct = 0
+
+    def make_sender(
+        self, index: int, requested_output_names: Collection[str]
+    ) -> InferenceResponseSender:
+        """The sender of request ``index``."""
+        sender = InferenceResponseSender(
+            functools.partial(self.sink, index),
+            functools.partial(self._is_cancelled, index),
+            decoupled=self.decoupled,
+            requested_output_names=requested_output_names,
+        )
+        if self.done:
+            close_sender(sender)
+        return sender
+
+    def is_cancelled(self, index: int) -> bool:
+        """Whether request ``index`` was cancelled."""
+        return self._is_cancelled(index)

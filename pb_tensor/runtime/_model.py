@@ -5,90 +5,30 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
-
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
-from pb_tensor.runtime._engines import Engine, StubEngine
+from pb_tensor.runtime._engines import Engine, InProcessEngine, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
-from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
+from pb_tensor.runtime._placement import gpu_refusal
+from pb_tensor.runtime._seam import (
+    InferenceRequest,
+    TritonError,
+)
 from pb_tensor.runtime._tracker import FINAL, Reply
-from pb_tensor.runtime._validate import ModelSpec, validate_request
+from pb_tensor.runtime._validate import ModelSpec, array_tensors, validate_request
+from pb_tensor.runtime._values import InputValue, Outputs, ParameterValue, outputs_of, to_tensor
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from pb_tensor.runtime._repository import ModelRepository
 
-__all__ = ["InputValue", "LoadedModel", "Outputs"]
+__all__ = ["LoadedModel"]
 
 log = logging.getLogger("pb_tensor.runtime")
-
-InputValue = Any
-"""An input value: a ``Tensor``, a numpy array, anything with ``__dlpack__`` (torch, JAX),
-or what ``numpy.asarray`` accepts (lists of numbers, of ``str`` or ``bytes`` for BYTES)."""
-
-Outputs = dict[str, npt.NDArray[Any]]
-"""A response's outputs by name: numpy arrays (zero-copy views of the response's memory;
-BYTES outputs are ``object`` arrays of ``bytes``)."""
-
-ParameterValue = bool | int | str
-
-
-def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
-    """An input value as a ``Tensor`` named ``name`` (zero-copy where the value allows).
-
-    Plain Python values (numbers, lists) take ``dtype`` (the configured numpy type), as a
-    JSON request body does in Triton; arrays and tensors keep their own.
-
-    Raises:
-        TritonModelException: a dtype Triton has no type for.
-    """
-    if type(value) is np.ndarray and value.dtype.kind in "biuf":
-        return Tensor(name, value)  # the common case, first
-    if isinstance(value, Tensor):
-        if value.name() == name:
-            return value
-        return Tensor(name, value.as_numpy())
-    if isinstance(value, np.ndarray):
-        array = value
-    elif hasattr(value, "__dlpack__") and not isinstance(value, (bytes, str)):
-        return Tensor.from_dlpack(name, value)
-    else:
-        array = np.asarray(value)
-        if (
-            dtype is not None
-            and array.dtype.kind in "biuf"
-            and np.can_cast(array.dtype, dtype, casting="same_kind")
-        ):
-            array = array.astype(dtype)
-    if array.dtype.kind == "U" or (
-        array.dtype.kind == "O" and any(isinstance(x, str) for x in array.flat)
-    ):
-        # Text reaches models as Triton delivers BYTES: bytes objects (UTF-8).
-        array = np.array(
-            [x.encode("utf-8") if isinstance(x, str) else x for x in array.flat], dtype=object
-        ).reshape(array.shape)
-    return Tensor(name, array)
-
-
-def outputs_of(reply: Reply) -> Outputs:
-    """The numpy arrays of a reply's tensors, by name."""
-    return {t.name(): t.as_numpy() for t in reply.tensors}
-
-
-def response_of(reply: Reply) -> InferenceResponse:
-    """A reply as the ``InferenceResponse`` a BLS caller receives."""
-    error = None
-    if reply.error is not None:
-        error = TritonError(reply.error.message(), reply.error.code())
-    params = json.loads(reply.parameters) if reply.parameters else None
-    return InferenceResponse(output_tensors=reply.tensors, error=error, parameters=params or None)
-
 
 class LoadedModel:
     """A model version loaded by :meth:`ModelRepository.load`, ready for requests.
@@ -122,6 +62,9 @@ class LoadedModel:
         self._instance_name = instance_name
         self._timeout = timeout
         self._engine: Engine | None = None
+        # Replies are complete when the engine's run returns (in-process, not decoupled):
+        # they need no generator holding the lock between them.
+        self._eager = False
         self._lock = threading.RLock()
         self._busy_thread: int | None = None
         self._input_dtypes: dict[str, Any] = {}
@@ -131,6 +74,7 @@ class LoadedModel:
 
     def _attach(self, engine: Engine) -> None:
         self._engine = engine
+        self._eager = isinstance(engine, InProcessEngine) and not self._decoupled
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -185,51 +129,94 @@ class LoadedModel:
         flags: int,
         request_id: str,
     ) -> RequestData:
-        if not isinstance(inputs, Mapping):
+        if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise TypeError(f"inputs must be a mapping of names to values, not {type(inputs)}")
+        params = json.dumps(dict(parameters)) if parameters else "{}"
+        if not requested_outputs:
+            # Numpy arrays that already match the configuration: validated as they become
+            # tensors, as validate_request would find them.
+            tensors = array_tensors(self._spec, inputs)
+            if tensors is not None:
+                return RequestData(tensors, self._spec.output_names, request_id,
+                                   correlation_id, flags, params, 0, True)  # fmt: skip
         return RequestData(
             [to_tensor(n, v, self._input_dtypes.get(n)) for n, v in inputs.items()],
             list(requested_outputs or ()),
             request_id,
             correlation_id,
             flags,
-            json.dumps(dict(parameters)) if parameters else "{}",
+            params,
         )
 
-    def _replies(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
-        """Validate, run, and yield every reply (errors included) with batch indexes."""
+    def _replies(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
+        """Validate, run, and give every reply (errors included) with batch indexes: a list
+        when the engine's run completes them all at once, else a generator."""
+        early: list[Reply] = []
         valid: list[RequestData] = []
         where: list[int] = []
         for i, data in enumerate(batch):
-            try:
-                data.requested_outputs = validate_request(
-                    self._spec, data.inputs, data.requested_outputs, data.request_id
-                )
-            except InferenceError as exc:
-                yield Reply(i, [], exc, "{}", FINAL, False)
-                continue
+            if not data.validated:
+                try:
+                    data.requested_outputs = validate_request(
+                        self._spec, data.inputs, data.requested_outputs, data.request_id
+                    )
+                except InferenceError as exc:
+                    early.append(Reply(i, [], exc, "{}", FINAL, False))
+                    continue
+                data.validated = True
+            if self._isolated:
+                refusal = gpu_refusal(data.inputs, "input", f"of model '{self._name}'")
+                if refusal is not None:
+                    error = InferenceError(refusal, TritonError.UNSUPPORTED)
+                    early.append(Reply(i, [], error, "{}", FINAL, False))
+                    continue
             valid.append(data)
             where.append(i)
         if not valid:
-            return
+            return early
         if self._busy_thread == threading.get_ident():
             error = InferenceError(
                 f"model '{self._name}' has one instance and this thread is already using it "
                 "(a BLS request to itself, or a request made while iterating its stream)",
                 TritonError.UNAVAILABLE,
             )
-            for i in where:
-                yield Reply(i, [], error, "{}", FINAL, False)
-            return
+            early.extend(Reply(i, [], error, "{}", FINAL, False) for i in where)
+            return early
+        if not self._eager:
+            return self._run_lazily(early, valid, where, timeout)
         with self._lock:
             engine = self._engine
             if engine is None:
-                error = InferenceError(
-                    f"Request for unknown model: '{self._name}' is not found",
-                    TritonError.INVALID_ARG,
-                )
-                for i in where:
-                    yield Reply(i, [], error, "{}", FINAL, False)
+                early.extend(self._unloaded(where))
+                return early
+            self._busy_thread = threading.get_ident()
+            try:
+                ran = engine.run(valid, self._timeout if timeout is None else timeout)
+                replies = ran if type(ran) is list else list(ran)
+            finally:
+                self._busy_thread = None
+        if not early:
+            return replies  # every request ran: the indexes are the batch's already
+        for reply in replies:
+            reply.index = where[reply.index]
+        early.extend(replies)
+        return early
+
+    def _unloaded(self, where: list[int]) -> list[Reply]:
+        error = InferenceError(
+            f"Request for unknown model: '{self._name}' is not found", TritonError.INVALID_ARG
+        )
+        return [Reply(i, [], error, "{}", FINAL, False) for i in where]
+
+    def _run_lazily(
+        self, early: list[Reply], valid: list[RequestData], where: list[int],
+        timeout: float | None,
+    ) -> Iterator[Reply]:
+        yield from early
+        with self._lock:
+            engine = self._engine
+            if engine is None:
+                yield from self._unloaded(where)
                 return
             self._busy_thread = threading.get_ident()
             try:
@@ -390,7 +377,7 @@ class LoadedModel:
             )
             return iter([Reply(0, [], error, "{}", FINAL, False)])
         timeout = None if not timeout_us else timeout_us / 1e6
-        return target._replies([data], timeout)
+        return iter(target._replies([data], timeout))
 
     def on_stub_message(self, engine: StubEngine, kind: str, tensors: list[Tensor],
                         body: Any) -> None:

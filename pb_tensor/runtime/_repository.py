@@ -18,9 +18,10 @@ from pb_tensor.runtime._host import (
     model_class,
     run_auto_complete,
 )
-from pb_tensor.runtime._model import LoadedModel, response_of
+from pb_tensor.runtime._model import LoadedModel
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
 from pb_tensor.runtime._validate import ModelSpec
+from pb_tensor.runtime._values import response_of
 from pb_tensor.shm import SharedMemoryPool
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ class _LocalBackend:
         self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
     ) -> InferenceResponse | Iterator[InferenceResponse]:
         replies = self._model.bls_replies(request, timeout_us, decoupled)
-        responses = (response_of(r) for r in replies)
+        preferred = request.preferred_memory()
+        responses = (response_of(r, preferred) for r in replies)
         if decoupled:
             return responses
         first: InferenceResponse | None = None

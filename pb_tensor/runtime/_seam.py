@@ -4,31 +4,41 @@ the package, runtime hooks from its seam module ``pb_tensor.utils._context``."""
 from __future__ import annotations
 
 from pb_tensor.utils import (
+    TRITONSERVER_MEMORY_CPU,
     InferenceRequest,
     InferenceResponse,
     ModelConfig,
+    PreferredMemory,
     TritonError,
 )
 from pb_tensor.utils._context import (
     InferenceResponseSender,
     ModelBackend,
+    claim_direct_send,
     close_sender,
+    created_senders,
     make_request,
     metric_snapshot,
+    new_request,
     set_backend,
     set_process_backend,
 )
 
 __all__ = [
+    "TRITONSERVER_MEMORY_CPU",
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
     "ModelBackend",
     "ModelConfig",
+    "PreferredMemory",
     "TritonError",
+    "claim_direct_send",
     "close_sender",
+    "created_senders",
     "make_request",
     "metric_snapshot",
+    "new_request",
     "set_backend",
     "set_process_backend",
 ]

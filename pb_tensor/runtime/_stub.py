@@ -32,9 +32,11 @@ from pb_tensor.runtime._host import (
     model_class,
     run_auto_complete,
 )
+from pb_tensor.runtime._placement import gpu_refusal, place
 from pb_tensor.runtime._seam import (
     InferenceRequest,
     InferenceResponse,
+    PreferredMemory,
     TritonError,
     set_process_backend,
 )
@@ -235,6 +237,10 @@ class _Stub:
     def bls(
         self, request: InferenceRequest, decoupled: bool, timeout_us: int | None
     ) -> Iterator[InferenceResponse]:
+        refusal = gpu_refusal(request.inputs(), "input",
+                              f"of the BLS request to model '{request.model_name()}'")
+        if refusal is not None:
+            return iter([InferenceResponse(error=TritonError(refusal, TritonError.UNSUPPORTED))])
         call_id, waiter = self._waiter()
         body = (
             call_id, request.model_name(), request.model_version(),
@@ -247,10 +253,10 @@ class _Stub:
         except BaseException:
             self._done(call_id)
             raise
-        return self._bls_responses(call_id, waiter)
+        return self._bls_responses(call_id, waiter, request.preferred_memory())
 
     def _bls_responses(
-        self, call_id: int, waiter: queue.SimpleQueue[Message | None]
+        self, call_id: int, waiter: queue.SimpleQueue[Message | None], preferred: PreferredMemory
     ) -> Iterator[InferenceResponse]:
         try:
             while True:
@@ -262,7 +268,7 @@ class _Stub:
                     return
                 _, tensors, (_, error, parameters, flags, has_response) = message
                 if has_response or error is not None or flags & _FINAL:
-                    yield _response(tensors, error, parameters)
+                    yield _response(tensors, error, parameters, preferred)
                 if flags & _FINAL:
                     return
         finally:
@@ -353,10 +359,9 @@ class _Stub:
             if response is None:
                 replies.append((index, None, "{}", flags, False, 0))
                 continue
-            err = response.error()
-            tensors_out = response.output_tensors()
-            replies.append((index, None if err is None else (err.message(), int(err.code())),
-                            response.parameters(), flags, True, len(tensors_out)))
+            error_out, tensors_out = self.outgoing(response)
+            replies.append((index, error_out, response.parameters(), flags, True,
+                            len(tensors_out)))  # fmt: skip
             outputs.extend(tensors_out)
         try:
             self.channel.send("done", (error, replies), outputs)
@@ -368,20 +373,37 @@ class _Stub:
         if response is None:
             self.channel.send("response", (index, None, "{}", flags, False))
             return
-        err = response.error()
-        error = None if err is None else (err.message(), int(err.code()))
+        error, tensors = self.outgoing(response)
         self.channel.send(
-            "response", (index, error, response.parameters(), flags, True),
-            response.output_tensors(),
+            "response", (index, error, response.parameters(), flags, True), tensors
         )  # fmt: skip
+
+    def outgoing(
+        self, response: InferenceResponse
+    ) -> tuple[tuple[str, int] | None, list[Tensor]]:
+        """A response's error and tensors as they cross to the runtime: a GPU output turns
+        the response into an error saying why (the pool carries host memory only)."""
+        tensors = response.output_tensors()
+        refusal = gpu_refusal(tensors, "output", f"of model '{self.name}'")
+        if refusal is not None:
+            return (refusal, int(TritonError.UNSUPPORTED)), []
+        err = response.error()
+        return (None if err is None else (err.message(), int(err.code()))), tensors
 
 
 def _response(
-    tensors: list[Tensor], error: tuple[str, int] | None, parameters: str
+    tensors: list[Tensor], error: tuple[str, int] | None, parameters: str,
+    preferred: PreferredMemory,
 ) -> InferenceResponse:
     import json
 
     params = json.loads(parameters) if parameters else None
+    if tensors:
+        # Onto a GPU when the caller prefers one: a copy inside this process.
+        try:
+            tensors = place(tensors, preferred)
+        except TritonModelException as exc:
+            return InferenceResponse(error=TritonError(str(exc)), parameters=params or None)
     return InferenceResponse(
         output_tensors=tensors,
         error=None if error is None else TritonError(error[0], error[1]),

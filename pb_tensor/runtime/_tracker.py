@@ -16,7 +16,7 @@ __all__ = ["FINAL", "Reply", "Tracker"]
 FINAL = 1
 
 
-@dataclass
+@dataclass(slots=True)
 class Reply:
     """One response to request ``index`` of a batch (or the flags-only final one)."""
 

@@ -7,17 +7,20 @@ fails here the way it fails in Triton.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pb_tensor import Tensor, TritonDtype
+import numpy as np
+
+from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._seam import TritonError
 
-__all__ = ["IOSpec", "ModelSpec", "validate_request"]
+__all__ = ["IOSpec", "ModelSpec", "array_tensors", "arrays_ok", "validate_request"]
 
 _WILDCARD = -1
+_from_dlpack = Tensor.from_dlpack
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,11 @@ class ModelSpec:
     )
     all_required: bool = field(init=False, repr=False, compare=False)
     output_list: list[str] = field(init=False, repr=False, compare=False)
+    # name -> (numpy dtype, rank, ((position, size), ...) of the fixed dims): what arrays_ok
+    # reads; None when some input is optional or has no numpy type an array can carry as is.
+    array_table: dict[str, tuple[np.dtype[Any], int, tuple[tuple[int, int], ...]]] | None = (
+        field(init=False, repr=False, compare=False)
+    )
 
     @classmethod
     def from_config(cls, config: Any) -> ModelSpec:
@@ -67,11 +75,78 @@ class ModelSpec:
         object.__setattr__(self, "table", table)
         object.__setattr__(self, "all_required", not any(i.optional for i in self.inputs))
         object.__setattr__(self, "output_list", [o.name for o in self.outputs])
+        object.__setattr__(self, "array_table", _array_table(self))
 
     @property
     def output_names(self) -> list[str]:
         """Configured output names, in order."""
         return list(self.output_list)
+
+
+def _array_table(
+    spec: ModelSpec,
+) -> dict[str, tuple[np.dtype[Any], int, tuple[tuple[int, int], ...]]] | None:
+    if not spec.all_required:
+        return None
+    table = {}
+    for i in spec.inputs:
+        if i.dtype in (TritonDtype.TYPE_BYTES, TritonDtype.TYPE_BF16):
+            return None
+        np_type = triton_to_numpy_type(i.dtype)
+        if np_type is None:
+            return None
+        dtype = np.dtype(np_type)
+        if dtype.kind not in "biuf":
+            return None
+        fixed = tuple((pos, d) for pos, d in enumerate(i.dims) if d != _WILDCARD)
+        table[i.name] = (dtype, len(i.dims), fixed)
+    return table
+
+
+def array_tensors(spec: ModelSpec, inputs: Mapping[str, object]) -> list[Tensor] | None:
+    """The inputs as tensors when they are numpy arrays that make a valid request, decided
+    with a few lookups per input; None also when unsure (the caller then makes the tensors
+    its general way and runs :func:`validate_request`, which finds the error or accepts).
+
+    Only arrays of the configured dtype itself (numpy's own dtype object, native byte order)
+    qualify: their tensors have exactly the configured data type and the arrays' shapes, so
+    this accepts nothing :func:`validate_request` would refuse. A C-contiguous array is
+    wrapped through ``Tensor.from_dlpack`` (the same zero-copy tensor ``Tensor()`` makes,
+    with fewer checks); ``Tensor()`` copies any other, as upstream does.
+    """
+    table = spec.array_table
+    if table is None or len(inputs) != len(table):
+        return None
+    limit = spec.max_batch_size
+    batch = 0  # as Triton: a batch size of 0 counts as not yet known
+    tensors = []
+    for name, value in inputs.items():
+        entry = table.get(name)
+        if entry is None or type(value) is not np.ndarray or value.dtype is not entry[0]:
+            return None
+        shape = value.shape
+        if limit > 0:
+            if not shape:
+                return None
+            if batch == 0:
+                batch = shape[0]
+            elif shape[0] != batch:
+                return None
+            shape = shape[1:]
+        if len(shape) != entry[1]:
+            return None
+        for pos, size in entry[2]:
+            if shape[pos] != size:
+                return None
+        tensors.append(
+            _from_dlpack(name, value) if value.flags.c_contiguous else Tensor(name, value)
+        )
+    return tensors if batch <= limit else None
+
+
+def arrays_ok(spec: ModelSpec, inputs: Mapping[str, object]) -> bool:
+    """Whether :func:`array_tensors` accepts ``inputs``."""
+    return array_tensors(spec, inputs) is not None
 
 
 def _quick_ok(spec: ModelSpec, inputs: Sequence[Tensor]) -> bool:
@@ -128,17 +203,17 @@ def validate_request(
             not match the configuration.
     """
     model = spec.name
-    if not requested_outputs and _quick_ok(spec, inputs):
-        return spec.output_names
     if requested_outputs is None or len(requested_outputs) == 0:
         wanted = spec.output_names
     else:
-        known = set(spec.output_names)
+        known = spec.output_list
         for name in requested_outputs:
             if name not in known:
                 raise _fail(f"unexpected inference output '{name}' for model '{model}'",
                             request_id, prefix=False)
         wanted = list(dict.fromkeys(requested_outputs))
+    if _quick_ok(spec, inputs):
+        return wanted
 
     given = {t.name(): t for t in inputs}
     required = sum(1 for i in spec.inputs if not i.optional)

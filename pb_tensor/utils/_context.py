@@ -4,7 +4,9 @@ Everything the runtime needs beyond the public ``pb_utils`` surface, under publi
 
 * :class:`ModelBackend`, :func:`set_backend` (per context), :func:`set_process_backend`
   (process-wide fallback), :func:`get_backend`: where BLS and model control go;
-* :func:`make_request` (the requests ``execute`` receives), :func:`cancel_request`,
+* :func:`make_request` and :func:`new_request` (the requests ``execute`` receives, the
+  latter with senders made on first use from a :class:`SenderSource`),
+  :func:`claim_direct_send`, :func:`created_senders`, :func:`cancel_request`,
   :func:`release_flags`;
 * :class:`InferenceResponseSender` construction, :func:`close_sender`,
   :func:`sender_is_closed`, :func:`responses_sent`, :func:`prune_output_tensors`;
@@ -27,7 +29,15 @@ from pb_tensor.utils._backend import (
 from pb_tensor.utils._logger import LOGGER_NAME, model_logger
 from pb_tensor.utils._metrics import metric_snapshot, reset_metrics
 from pb_tensor.utils._params import parameters_to_json
-from pb_tensor.utils._request import cancel_request, make_request, release_flags
+from pb_tensor.utils._request import (
+    SenderSource,
+    cancel_request,
+    claim_direct_send,
+    created_senders,
+    make_request,
+    new_request,
+    release_flags,
+)
 from pb_tensor.utils._response import (
     InferenceResponseSender,
     close_sender,
@@ -42,13 +52,17 @@ __all__ = [
     "NO_BACKEND_MESSAGE",
     "InferenceResponseSender",
     "ModelBackend",
+    "SenderSource",
     "cancel_request",
+    "claim_direct_send",
     "close_sender",
+    "created_senders",
     "get_backend",
     "get_backend_or_none",
     "make_request",
     "metric_snapshot",
     "model_logger",
+    "new_request",
     "parameters_to_json",
     "prune_output_tensors",
     "release_flags",

@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Collection, Iterator, Mapping, Sequence
 from typing import Final, Literal, overload
 
 from pb_tensor.errors import TritonModelException
 from pb_tensor.tensor import Tensor
 from pb_tensor.utils._backend import ModelBackend, get_backend
 from pb_tensor.utils._params import ParameterValue, parameters_to_json
+from pb_tensor.utils._request_args import (
+    check_correlation_id,
+    check_inputs,
+    check_requested_names,
+)
 from pb_tensor.utils._response import (
     InferenceResponse,
     InferenceResponseSender,
     ResponseIterator,
+    SenderSource,
+    mark_final_sent,
+    prune_output_tensors,
 )
 from pb_tensor.utils._types import (
     INT64_MAX,
@@ -32,8 +40,12 @@ __all__ = [
     "TRITONSERVER_REQUEST_RELEASE_ALL",
     "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "InferenceRequest",
+    "SenderSource",
     "cancel_request",
+    "claim_direct_send",
+    "created_senders",
     "make_request",
+    "new_request",
     "release_flags",
 ]
 
@@ -43,60 +55,14 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: Final = 2
 _LAZY_LOCK: Final = threading.Lock()
 
 
-def _check_tensors(inputs: object, request_id: str, model_name: str) -> list[Tensor]:
-    if type(inputs) is list and all(type(t) is Tensor for t in inputs):
-        return list(inputs)  # the common case, without the ABC checks
-    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
-        raise TypeError(
-            f"InferenceRequest(): inputs must be a list of Tensor, got {type(inputs).__name__}"
-        )
-    checked = list(inputs)
-    for item in checked:
-        if item is None:
-            raise TritonModelException(
-                f"Input tensor for request with id '{request_id}' and model name "
-                f"'{model_name}' should not be empty."
-            )
-        if not isinstance(item, Tensor):
-            raise TypeError(
-                f"InferenceRequest(): inputs must be a list of Tensor, found {type(item).__name__}"
-            )
-    return checked
+class _Delivered:
+    """Stands in ``InferenceRequest._sender`` once the runtime delivered the response
+    ``execute`` returned without a sender: one made later counts that response as sent."""
+
+    __slots__ = ()
 
 
-def _check_names(names: object, request_id: str, model_name: str) -> set[str]:
-    if type(names) is list and all(type(n) is str and n for n in names):
-        return set(names)  # the common case, without the ABC checks
-    if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset)):
-        raise TypeError(
-            "InferenceRequest(): requested_output_names must be a list of str, got "
-            f"{type(names).__name__}"
-        )
-    checked: set[str] = set()
-    for name in names:
-        if not isinstance(name, str):
-            raise TypeError(
-                "InferenceRequest(): requested_output_names must be a list of str, found "
-                f"{type(name).__name__}"
-            )
-        if name == "":
-            raise TritonModelException(
-                f"Requested output name for request with id '{request_id}' and model name "
-                f"'{model_name}' should not be empty."
-            )
-        checked.add(name)
-    return checked
-
-
-def _check_correlation_id(value: object) -> int | str:
-    if value is None:
-        # pybind refuses None before upstream's own check runs.
-        raise TypeError("InferenceRequest(): correlation_id must be an int or a str, got NoneType")
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int):  # bool included, as pybind's int check accepts it
-        return check_int(int(value), "InferenceRequest(): correlation_id", 0, UINT64_MAX)
-    raise TritonModelException("Correlation ID must be integer or string")
+_DELIVERED: Final = _Delivered()
 
 
 class InferenceRequest:
@@ -124,6 +90,7 @@ class InferenceRequest:
         "_cancelled",
         "_correlation_id",
         "_flags",
+        "_index",
         "_inputs",
         "_model_name",
         "_model_version",
@@ -133,6 +100,7 @@ class InferenceRequest:
         "_request_id",
         "_requested_output_names",
         "_sender",
+        "_source",
         "_timeout",
         "_trace",
     )
@@ -179,9 +147,11 @@ class InferenceRequest:
         self._flags = check_int(flags, "InferenceRequest(): flags", 0, UINT32_MAX)
         self._timeout = check_int(timeout, "InferenceRequest(): timeout", 0, UINT64_MAX)
         self._parameters = parameters_to_json(parameters)
-        self._correlation_id = _check_correlation_id(correlation_id)
-        self._inputs = _check_tensors(inputs, request_id, model_name)
-        self._requested_output_names = _check_names(requested_output_names, request_id, model_name)
+        self._correlation_id = check_correlation_id(correlation_id)
+        self._inputs = check_inputs(inputs, request_id, model_name)
+        self._requested_output_names = check_requested_names(
+            requested_output_names, request_id, model_name
+        )
         self._request_id = request_id
         self._model_name = model_name
         self._preferred_memory = preferred_memory
@@ -190,8 +160,10 @@ class InferenceRequest:
         # A plain flag: one attribute store is atomic, and an Event would cost more than the
         # rest of a request built for execute.
         self._cancelled = False
-        # Made on first use: the runtime gives its requests their own.
-        self._sender: InferenceResponseSender | None = None
+        # Made on first use: the runtime gives its requests a source of their own.
+        self._sender: InferenceResponseSender | _Delivered | None = None
+        self._source: SenderSource | None = None
+        self._index = 0
 
     # -- accessors --------------------------------------------------------------------------
 
@@ -251,23 +223,36 @@ class InferenceRequest:
 
     def is_cancelled(self) -> bool:
         """Whether the client cancelled this request; a model may stop work early."""
-        return self._cancelled or (self._sender is not None and self._sender.is_cancelled())
+        if self._cancelled:
+            return True
+        sender = self._sender
+        if type(sender) is InferenceResponseSender:
+            return sender.is_cancelled()
+        source = self._source
+        return source is not None and bool(source.is_cancelled(self._index))
 
     def get_response_sender(self) -> InferenceResponseSender:
         """The sender that delivers this request's responses (decoupled models; a
         non-decoupled model may send exactly one response through it)."""
         sender = self._sender
-        if sender is None:
-            with _LAZY_LOCK:  # two threads asking at once must get the same sender
-                sender = self._sender
-                if sender is None:
-                    # A request the model builds (BLS) has a sender with no transaction
-                    # policy: upstream's sender then refuses to send (no reference to the
-                    # decoupled state).
-                    sender = self._sender = InferenceResponseSender(
-                        _refuse_send, self._is_flagged, decoupled=None
-                    )
-        return sender
+        if type(sender) is InferenceResponseSender:
+            return sender
+        with _LAZY_LOCK:  # two threads asking at once must get the same sender
+            sender = self._sender
+            if type(sender) is InferenceResponseSender:
+                return sender
+            source = self._source
+            if source is not None:
+                made = source.make_sender(self._index, self._requested_output_names)
+                if sender is _DELIVERED:
+                    mark_final_sent(made)
+            else:
+                # A request the model builds (BLS) has a sender with no transaction
+                # policy: upstream's sender then refuses to send (no reference to the
+                # decoupled state).
+                made = InferenceResponseSender(_refuse_send, self._is_flagged, decoupled=None)
+            self._sender = made
+        return made
 
     def _is_flagged(self) -> bool:
         return self._cancelled
@@ -437,6 +422,93 @@ def make_request(
     if sender is not None:
         request._sender = sender
     return request
+
+
+_new_request: Final = object.__new__
+_NO_NAMES: Final[frozenset[str]] = frozenset()
+
+
+def new_request(
+    inputs: list[Tensor],
+    requested_output_names: Collection[str],
+    model_name: str,
+    model_version: int,
+    request_id: str,
+    correlation_id: int | str,
+    flags: int,
+    timeout: int,
+    parameters: str,
+    source: SenderSource,
+    index: int,
+) -> InferenceRequest:
+    """The request ``execute`` receives, built for the runtime: the same object as
+    :func:`make_request` gives, without re-checking what the runtime already checked.
+
+    ``inputs`` is kept (not copied): a list of ``Tensor`` the runtime owns;
+    ``requested_output_names`` are non-empty names; ``model_name`` and ``model_version``
+    come from the loaded model. The request's sender comes from ``source`` when the model
+    first asks for it (``index``: the request's place in the batch). The caller's values
+    (ids, flags, timeout, ``parameters`` as JSON object text) take the fast path only when
+    they are what the public constructor accepts unchanged; anything else goes through it,
+    so its errors stay the same.
+
+    Raises:
+        TypeError, TritonModelException, ValueError: as :func:`make_request`.
+    """
+    if not (
+        type(request_id) is str
+        and (type(correlation_id) is str
+             or (type(correlation_id) is int and 0 <= correlation_id <= UINT64_MAX))
+        and type(flags) is int and 0 <= flags <= UINT32_MAX
+        and type(timeout) is int and 0 <= timeout <= UINT64_MAX
+        and parameters == "{}"
+    ):  # fmt: skip
+        request = make_request(
+            inputs, list(requested_output_names), model_name=model_name,
+            model_version=model_version, request_id=request_id,
+            correlation_id=correlation_id, flags=flags, timeout=timeout,
+            parameters=parameters,
+        )  # fmt: skip
+    else:
+        request = _new_request(InferenceRequest)
+        request._inputs = inputs
+        request._requested_output_names = set(requested_output_names)
+        request._request_id = request_id
+        request._correlation_id = correlation_id
+        request._flags = flags
+        request._timeout = timeout
+        request._parameters = "{}"
+        request._model_name = model_name
+        request._model_version = model_version
+        request._preferred_memory = NO_PREFERENCE
+        request._trace = NO_TRACE
+        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        request._cancelled = False
+        request._sender = None
+    request._source = source
+    request._index = index
+    return request
+
+
+def claim_direct_send(request: InferenceRequest, response: InferenceResponse) -> bool:
+    """For the ``response`` a non-decoupled ``execute`` returned: True when the model never
+    took the request's sender, so the runtime delivers the response itself (its outputs are
+    pruned to the requested ones here, as the sender's ``send`` does; a sender made later
+    counts it as sent); False: send it through ``request.get_response_sender()``."""
+    with _LAZY_LOCK:
+        if request._sender is not None:
+            return False
+        request._sender = _DELIVERED
+    prune_output_tensors(response, request._requested_output_names)
+    return True
+
+
+def created_senders(requests: list[InferenceRequest]) -> list[InferenceResponseSender]:
+    """The senders made for ``requests`` so far (the runtime closes them when the requests
+    end; one made later comes closed from its source)."""
+    with _LAZY_LOCK:  # a sender being made now is seen, or sees its source closed
+        senders = [r._sender for r in requests]
+    return [s for s in senders if type(s) is InferenceResponseSender]
 
 
 def cancel_request(request: InferenceRequest) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Final
+from typing import Final, Protocol
 
 from pb_tensor.errors import TritonModelException
 from pb_tensor.tensor import Tensor
@@ -17,7 +17,9 @@ __all__ = [
     "InferenceResponse",
     "InferenceResponseSender",
     "ResponseIterator",
+    "SenderSource",
     "close_sender",
+    "mark_final_sent",
     "prune_output_tensors",
     "responses_sent",
     "sender_is_closed",
@@ -212,10 +214,33 @@ class InferenceResponseSender:
         )
 
 
+class SenderSource(Protocol):
+    """Where the requests the runtime builds get their response senders, on first use: a
+    non-decoupled model rarely asks for one, so none is made until it does."""
+
+    def make_sender(
+        self, index: int, requested_output_names: Collection[str]
+    ) -> InferenceResponseSender:
+        """The sender of request ``index`` of the batch (closed once the batch is over)."""
+        ...
+
+    def is_cancelled(self, index: int) -> bool:
+        """Whether the client cancelled request ``index`` of the batch."""
+        ...
+
+
 def close_sender(sender: InferenceResponseSender) -> None:
     """Close ``sender`` without sending (upstream's ``ResponseSender::Close``: the runtime
     does it once a request is done, so later sends fail with Triton's error)."""
     with sender._lock:
+        sender._closed = True
+
+
+def mark_final_sent(sender: InferenceResponseSender) -> None:
+    """Count one response with the final flag as sent through ``sender`` (the runtime
+    delivered the response ``execute`` returned before the model asked for its sender)."""
+    with sender._lock:
+        sender._sent += 1
         sender._closed = True
 
 
