@@ -18,13 +18,14 @@ load the exporters, nor the exporters the consumer).
 
 from __future__ import annotations
 
-from importlib import import_module
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     # What the type checker sees; at run time __getattr__ below imports these on first access.
     from dlpack_ctypes import abi
     from dlpack_ctypes._capi import CapsuleType
+    from dlpack_ctypes._numpy_rules import NUMPY_EXPORTER_KEEPS_RULES
     from dlpack_ctypes.abi import (
         DLPACK_ABI_VERSION,
         DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     )
     from dlpack_ctypes.consumer import DLPackTensor, consume, from_dlpack
     from dlpack_ctypes.dtypes import DataType, from_numpy_dtype, to_numpy_dtype
-    from dlpack_ctypes._numpy_rules import NUMPY_EXPORTER_KEEPS_RULES
     from dlpack_ctypes.exporters import (
         BufferExporter,
         data_pointer,
@@ -131,7 +131,8 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'dlpack_ctypes' has no attribute {name!r}")
-    found = import_module(module)
+    __import__(module)  # the import statement's machinery: -X importtime reports it
+    found = sys.modules[module]
     value = found if name == "abi" else getattr(found, name)
     globals()[name] = value
     return value

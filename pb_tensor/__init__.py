@@ -16,7 +16,7 @@ Drop-in for the tensor parts of ``triton_python_backend_utils``::
 
 from __future__ import annotations
 
-from importlib import import_module
+import sys
 from typing import TYPE_CHECKING
 
 # One distribution, one version: written once, in dlpack_ctypes (the base layer, whose
@@ -86,7 +86,8 @@ def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'pb_tensor' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
+    __import__(module)  # the import statement's machinery: -X importtime reports it
+    value = getattr(sys.modules[module], name)
     globals()[name] = value
     return value
 
