@@ -18,6 +18,8 @@ load the exporters, nor the exporters the consumer).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -83,6 +85,12 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+# Loaded now, before this package's fork hook is registered below. Its own fork hook takes the
+# sweep lock, which another thread's import in progress may need (a collection during the
+# import sweeps); hooks registered later run first, so the packages' hooks let such imports
+# finish before the lock is taken.
+import dlpack_ctypes._blocks  # noqa: F401
+
 # Public name -> the module that defines it (the module itself for "abi").
 _LAZY: dict[str, str] = {
     "abi": "dlpack_ctypes.abi",
@@ -118,6 +126,22 @@ _LAZY: dict[str, str] = {
     ),
 }
 
+
+
+def _load_all_before_fork() -> None:
+    # Names load on first access, possibly on another thread while this one forks. A fork in
+    # the middle of that import would copy its module lock, held by a thread the child does not
+    # have, and the child's first access to that module would wait forever. So the first fork
+    # loads every module behind a lazy name (waiting for another thread's import in progress
+    # through the import system's own locks); the child then never imports them.
+    for module in sorted(set(_LAZY.values())):
+        # A failing import raises again where the name is used; a fork must not fail for it.
+        with contextlib.suppress(Exception):
+            __import__(module)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_load_all_before_fork)
 
 def __getattr__(name: str) -> object:
     """Import the module behind a public name on its first access and cache the name here.

@@ -16,6 +16,8 @@ Drop-in for the tensor parts of ``triton_python_backend_utils``::
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -72,6 +74,22 @@ _LAZY: dict[str, str] = {
     ),
 }
 
+
+
+def _load_all_before_fork() -> None:
+    # Names load on first access, possibly on another thread while this one forks. A fork in
+    # the middle of that import would copy its module lock, held by a thread the child does not
+    # have, and the child's first access to that module would wait forever. So the first fork
+    # loads every module behind a lazy name (waiting for another thread's import in progress
+    # through the import system's own locks); the child then never imports them.
+    for module in sorted(set(_LAZY.values())):
+        # A failing import raises again where the name is used; a fork must not fail for it.
+        with contextlib.suppress(Exception):
+            __import__(module)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_load_all_before_fork)
 
 def __getattr__(name: str) -> object:
     """Import the module behind a public name on its first access and cache the name here.

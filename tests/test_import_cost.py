@@ -27,8 +27,9 @@ DEFERRED_BY_PB_TENSOR_IMPORT = (
     "pb_tensor.cuda",
     "pb_tensor.runtime",
     "pb_tensor.utils",
-    "dlpack_ctypes.abi",
     "dlpack_ctypes.consumer",
+    "dlpack_ctypes.exporters",
+    "dlpack_ctypes.exchange",
 )
 DEFERRED_BY_FIRST_TENSOR = (
     "pb_tensor.bytes_codec",
@@ -40,9 +41,7 @@ DEFERRED_BY_FIRST_TENSOR = (
     "pb_tensor.cuda",
     "pb_tensor.runtime",
     "pb_tensor.utils",
-    "dlpack_ctypes._capi",
     "dlpack_ctypes._claim",
-    "dlpack_ctypes._blocks",
     "dlpack_ctypes._tensor",
     "dlpack_ctypes._views",
     "dlpack_ctypes.dtypes",
@@ -53,6 +52,17 @@ DEFERRED_BY_FIRST_TENSOR = (
 )
 # Standard-library modules numpy does not import and the common first uses must not either.
 STDLIB_AVOIDED = ("threading", "sysconfig", "dataclasses", "zlib")
+# What ``import dlpack_ctypes`` loads: the export registry, whose fork hook must be registered
+# before the packages' own (see dlpack_ctypes/__init__.py), with what it needs. atexit and gc
+# are built into the interpreter.
+DLPACK_CTYPES_EAGER = {
+    "dlpack_ctypes",
+    "dlpack_ctypes._blocks",
+    "dlpack_ctypes._capi",
+    "dlpack_ctypes.abi",
+    "atexit",
+    "gc",
+}
 
 _ADDED = """
 import sys
@@ -83,13 +93,13 @@ def _ok(run_python: RunPython, code: str, timeout: float = 120) -> str:
 
 def test_import_pb_tensor_loads_only_the_package_modules(run_python: RunPython) -> None:
     added = _added_modules(run_python, "import pb_tensor")
-    assert added == {"pb_tensor", "dlpack_ctypes"}
+    assert added == {"pb_tensor", *DLPACK_CTYPES_EAGER}
     for name in DEFERRED_BY_PB_TENSOR_IMPORT:
         assert name not in added
 
 
-def test_import_dlpack_ctypes_loads_only_its_package_module(run_python: RunPython) -> None:
-    assert _added_modules(run_python, "import dlpack_ctypes") == {"dlpack_ctypes"}
+def test_import_dlpack_ctypes_loads_only_the_export_registry(run_python: RunPython) -> None:
+    assert _added_modules(run_python, "import dlpack_ctypes") == DLPACK_CTYPES_EAGER
 
 
 def test_first_tensor_leaves_the_deferred_modules_out(run_python: RunPython) -> None:
@@ -100,8 +110,10 @@ def test_first_tensor_leaves_the_deferred_modules_out(run_python: RunPython) -> 
     assert "pb_tensor.tensor" in added
     assert sorted(set(DEFERRED_BY_FIRST_TENSOR) & added) == []
     assert sorted(set(STDLIB_AVOIDED) & added) == []
-    # Nothing outside the two packages: every standard-library module it uses numpy loaded.
-    assert sorted(m for m in added if m.split(".")[0] not in ("pb_tensor", "dlpack_ctypes")) == []
+    # Nothing outside the two packages but the built-in atexit and gc: every standard-library
+    # module it uses numpy loaded.
+    outside = {m for m in added if m.split(".")[0] not in ("pb_tensor", "dlpack_ctypes")}
+    assert outside == {"atexit", "gc"}
 
 
 def test_first_from_dlpack_loads_the_consumer_only(run_python: RunPython) -> None:
@@ -432,3 +444,46 @@ def test_claim_self_check_runs_before_the_first_claim(run_python: RunPython) -> 
     assert values == "[0.0, 1.0]"
     if sys.platform == "linux" and platform.python_implementation() == "CPython":
         assert mode == "cas"  # the compare-and-swap passed its self-check before the claim
+
+
+_FORK_DURING_FIRST_LOAD = """
+import os, sys, threading, time
+import numpy as np
+import pb_tensor
+import dlpack_ctypes as dl
+
+def first_use():
+    t = pb_tensor.Tensor("s", np.array([b"a"], dtype=object))  # tensor, the BYTES codec
+    u = pb_tensor.Tensor.from_dlpack("x", dl.BufferExporter.from_numpy(np.ones(2)))
+    np.from_dlpack(u)
+
+thread = threading.Thread(target=first_use)
+thread.start()
+pid = os.fork()  # most likely while the thread loads the modules behind those names
+if pid == 0:
+    t = pb_tensor.Tensor.from_dlpack("y", dl.BufferExporter.from_numpy(np.arange(2.0)))
+    ok = pb_tensor.serialize_byte_tensor(np.array([b"b"], dtype=object)) is not None
+    os._exit(0 if ok and np.from_dlpack(t).tolist() == [0.0, 1.0] else 1)
+thread.join()
+deadline = time.monotonic() + 30
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print(os.waitstatus_to_exitcode(status))
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("hung")
+        break
+    time.sleep(0.01)
+"""
+
+
+def test_fork_while_another_thread_loads_the_lazy_modules(run_python: RunPython) -> None:
+    # The packages' fork hooks let that import finish first: the child never waits for an
+    # import lock held by a thread it does not have.
+    for _ in range(5):
+        proc = run_python(_FORK_DURING_FIRST_LOAD, timeout=120, dev_mode=False,
+                          warnings_as_errors=False)
+        assert (proc.returncode, proc.stdout.strip()) == (0, "0"), proc.stderr[-2000:]
