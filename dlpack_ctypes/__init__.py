@@ -11,9 +11,10 @@ JAX, CuPy ...) with no compiled code::
     t = dl.from_dlpack(a)                                 # numpy producer, our consumer
     view = t.numpy()                                      # zero-copy, keeps the tensor alive
 
-``import dlpack_ctypes`` imports none of its modules: each public name is loaded from its module
-on first access (PEP 562), so a program pays only for the parts it uses (the consumer does not
-load the exporters, nor the exporters the consumer).
+``import dlpack_ctypes`` loads only the ABI mirrors and the export registry; every public name is
+loaded from its module on first access (PEP 562), so a program pays only for the parts it uses
+(the consumer does not load the exporters, nor the exporters the consumer). The first
+``os.fork()`` loads them all, so that a child never finds one half-imported by another thread.
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ Drop-in for the tensor parts of ``triton_python_backend_utils``::
     u = pb_utils.Tensor.from_dlpack("OUTPUT0", torch_tensor)   # zero-copy
     np.from_dlpack(t)                                           # zero-copy
 
-``import pb_tensor`` imports none of its modules: each public name is loaded on first access
-(PEP 562). The Tensor loads the DLPack machinery, the BYTES codec, pickling, CUDA support
-(``pb_tensor.cuda``) and shared memory (``pb_tensor.shm``) only when a call needs them.
+``import pb_tensor`` imports none of its modules (``import dlpack_ctypes`` aside): each public
+name is loaded on first access (PEP 562). The Tensor loads the DLPack machinery, the BYTES
+codec, pickling, CUDA support (``pb_tensor.cuda``) and shared memory (``pb_tensor.shm``) only
+when a call needs them. The first ``os.fork()`` loads every module behind a public name, so
+that a child never finds one half-imported by another thread.
 """
 
 from __future__ import annotations
