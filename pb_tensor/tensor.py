@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from typing_extensions import CapsuleType
 
     from dlpack_ctypes.exchange import ExchangeAPI
+    from pb_tensor._pickling import Decoded
     from pb_tensor.shm import SharedMemoryPool
 
 __all__ = ["Tensor"]
@@ -380,9 +381,7 @@ class Tensor(TensorFields):
             payload = self._array
         else:
             payload = self._make_array()
-        from pb_tensor import _pickling  # on first use: import pb_tensor stays lean
-
-        return _rebuild_tensor, _pickling.encode(
+        return _rebuild_tensor, _encode(
             self._name, self._dtype, self._dims, memory_type, self._memory_id, payload,
             int(protocol),
         )
@@ -424,9 +423,7 @@ class Tensor(TensorFields):
             TritonModelException: the pool cannot grow enough, or GPU memory without CUDA
                 (or memory CUDA cannot export, such as another process's mapping).
         """
-        from pb_tensor.shm._tensors import save_tensor
-
-        return save_tensor(self, pool)
+        return _save_tensor(self, pool)
 
     @staticmethod
     def load_from_shared_memory(pool: SharedMemoryPool, handle: int) -> Tensor:
@@ -444,9 +441,7 @@ class Tensor(TensorFields):
             TritonModelException: a bad handle or a corrupted record (naming the field); a GPU
                 record without CUDA, or whose IPC handle cannot be opened.
         """
-        from pb_tensor.shm._tensors import load_tensor
-
-        return load_tensor(pool, handle, _blank)
+        return _load_tensor(pool, handle, _blank)
 
 
 _new_tensor: Final = object.__new__
@@ -490,8 +485,74 @@ def _rebuild_tensor(header: object, payload: object, /) -> Tensor:
     Raises:
         TritonModelException: a corrupted or truncated pickle (the rule it breaks).
     """
-    from pb_tensor import _pickling
-
-    name, dtype, dims, array, imported, serialized = _pickling.decode(header, payload)
+    name, dtype, dims, array, imported, serialized = _decode(header, payload)
     return _fill(_new_tensor(Tensor), name, dtype, dims, MemoryType.CPU, 0, array, imported,
                  serialized)
+
+
+# Shared memory and pickling load on first use, as the DLPack machinery does (see above): each
+# binder imports its module once, rebinds the globals and forwards the call.
+
+
+def _bind_shm() -> None:
+    global _load_tensor, _save_tensor
+    from pb_tensor.shm._tensors import load_tensor, save_tensor
+
+    _load_tensor = load_tensor
+    _save_tensor = save_tensor
+
+
+def _first_save_tensor(tensor: Tensor, pool: SharedMemoryPool) -> int:
+    _bind_shm()
+    return _save_tensor(tensor, pool)
+
+
+def _first_load_tensor(
+    pool: SharedMemoryPool,
+    handle: int,
+    blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
+) -> Tensor:
+    _bind_shm()
+    return _load_tensor(pool, handle, blank)
+
+
+def _bind_pickling() -> None:
+    global _decode, _encode
+    from pb_tensor._pickling import decode, encode
+
+    _decode = decode
+    _encode = encode
+
+
+def _first_encode(
+    name: str,
+    dtype: TritonDtype,
+    dims: tuple[int, ...],
+    memory_type: MemoryType,
+    memory_type_id: int,
+    payload: np.ndarray[Any, Any],
+    protocol: int,
+) -> tuple[bytes, object]:
+    _bind_pickling()
+    return _encode(name, dtype, dims, memory_type, memory_type_id, payload, protocol)
+
+
+def _first_decode(header: object, payload: object) -> Decoded:
+    _bind_pickling()
+    return _decode(header, payload)
+
+
+_save_tensor: Callable[[Tensor, SharedMemoryPool], int] = _first_save_tensor
+_load_tensor: Callable[
+    [
+        SharedMemoryPool,
+        int,
+        Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
+    ],
+    Tensor,
+] = _first_load_tensor
+_encode: Callable[
+    [str, TritonDtype, tuple[int, ...], MemoryType, int, np.ndarray[Any, Any], int],
+    tuple[bytes, object],
+] = _first_encode
+_decode: Callable[[object, object], Decoded] = _first_decode
