@@ -487,3 +487,42 @@ def test_fork_while_another_thread_loads_the_lazy_modules(run_python: RunPython)
         proc = run_python(_FORK_DURING_FIRST_LOAD, timeout=120, dev_mode=False,
                           warnings_as_errors=False)
         assert (proc.returncode, proc.stdout.strip()) == (0, "0"), proc.stderr[-2000:]
+
+
+def test_first_calls_bind_the_real_functions(run_python: RunPython) -> None:
+    # The deferred names are resolved once: afterwards the hot paths call the real objects
+    # through module globals, with no binder and no import statement in between.
+    out = _ok(
+        run_python,
+        """
+        import pickle
+        import numpy as np
+        import dlpack_ctypes, pb_tensor
+        from pb_tensor import tensor as m, _tensor_import
+        from pb_tensor.shm import SharedMemoryPool
+        a = np.arange(3, dtype=np.float32)
+        t = pb_tensor.Tensor.from_dlpack("x", dlpack_ctypes.BufferExporter.from_numpy(a))
+        np.from_dlpack(pb_tensor.Tensor("y", a))
+        pb_tensor.Tensor("s", np.array([b"a"], dtype=object))
+        pickle.loads(pickle.dumps(t))
+        with SharedMemoryPool.create(1 << 16) as pool:
+            u = pb_tensor.Tensor.load_from_shared_memory(pool, t.save_to_shared_memory(pool))
+            del u
+        from dlpack_ctypes.exchange import exchange_api
+        from pb_tensor import _pickling, bytes_codec
+        from pb_tensor.shm import _tensors
+        pairs = [
+            (m._exchange_api, exchange_api),
+            (m._CapsuleType, dlpack_ctypes.CapsuleType),
+            (m._numpy_dlpack, dlpack_ctypes.numpy_dlpack),
+            (m._serialize_with_lengths, bytes_codec.serialize_with_lengths),
+            (m._save_tensor, _tensors.save_tensor),
+            (m._load_tensor, _tensors.load_tensor),
+            (m._encode, _pickling.encode),
+            (m._decode, _pickling.decode),
+            (_tensor_import._c_strides, dlpack_ctypes.c_strides),
+        ]
+        print(all(bound is real for bound, real in pairs))
+        """,
+    )
+    assert out.strip() == "True"
