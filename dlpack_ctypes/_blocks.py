@@ -23,6 +23,8 @@ by :mod:`dlpack_ctypes.producer`.
 
 from __future__ import annotations
 
+# _thread, not threading: the same C locks and thread ids, without importing threading.
+import _thread
 import atexit
 import collections
 import ctypes
@@ -30,7 +32,6 @@ import gc
 import os
 import struct
 import sys
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -113,9 +114,9 @@ DELETER_ADDRESS: Final[int] = cast(int, ctypes.cast(_DELETER, ctypes.c_void_p).v
 PENDING: collections.deque[tuple[object, object, int, int]] = collections.deque()
 _capi.immortalize(PENDING)
 # Re-entrant: dropping an owner during a sweep can run user finalisers that call flush().
-_SWEEP_LOCK = threading.RLock()
+_SWEEP_LOCK = _thread.RLock()
 _OWNER: list[int] = [0]  # the thread sweeping now (0: none)
-_get_ident = threading.get_ident
+_get_ident = _thread.get_ident
 _getrefcount = sys.getrefcount
 _is_valid = _capi.PyCapsule_IsValid
 _NAME_OFFSET: Final = _capi.CAPSULE_NAME_OFFSET

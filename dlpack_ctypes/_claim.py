@@ -19,11 +19,12 @@ racing on the same capsule is then not excluded (documented).
 
 from __future__ import annotations
 
+# _thread, not threading: the same C locks and thread ids, without importing threading.
+import _thread
 import ctypes
 import os
 import struct
 import sys
-import threading
 from typing import Any, Final, cast
 
 from dlpack_ctypes import _capi
@@ -60,13 +61,13 @@ POINTER_OFFSET: Final = None if NAME_OFFSET is None else NAME_OFFSET - ctypes.si
     ctypes.c_void_p)
 
 #: Serialises claims in ``"lock"`` mode (and nothing else).
-LOCK = threading.Lock()
+LOCK = _thread.allocate_lock()
 
 
 def _after_fork_in_child() -> None:
     # A thread that held the lock at fork() does not exist in the child.
     global LOCK
-    LOCK = threading.Lock()
+    LOCK = _thread.allocate_lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -86,7 +87,7 @@ _SLOTS: dict[int, tuple[Any, ...]] = {}
 _capi.immortalize(_SLOTS)
 #: The per-thread slots, for callers that inline :func:`thread_slot`'s lookup.
 SLOTS: Final = _SLOTS
-_get_ident = threading.get_ident
+_get_ident = _thread.get_ident
 
 
 def _new_slot(ident: int) -> tuple[Any, ...]:

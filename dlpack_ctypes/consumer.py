@@ -12,9 +12,10 @@ no view exists.
 
 from __future__ import annotations
 
+# _thread, not threading: the same thread ids, without importing threading.
+import _thread
 import ctypes
 import struct
-import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -39,7 +40,7 @@ _SLOTS = _claim.SLOTS
 _thread_slot = _claim.thread_slot
 _classify = _claim.classify
 _KINDS = _claim.KINDS
-_get_ident = threading.get_ident
+_get_ident = _thread.get_ident
 _new_tensor = object.__new__
 _fill = fill
 _deleter_for = deleter_for

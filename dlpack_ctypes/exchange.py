@@ -30,11 +30,12 @@ Rules kept here (each is why a fast path is not taken):
 
 from __future__ import annotations
 
+# _thread, not threading: the same C locks and thread-local storage, without importing threading.
+import _thread
 import ctypes
 import os
 import struct
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -82,7 +83,7 @@ _adopt: Final = adopt
 _unpack_ptr: Final = struct.Struct("@P").unpack_from
 
 
-class _Cell(threading.local):
+class _Cell(_thread._local):
     """One ``void*`` out-parameter per thread (a shared one could be overwritten by another
     thread between the call and the read)."""
 
@@ -192,14 +193,14 @@ _BY_ADDRESS: dict[tuple[int, Callable[[Any], bool] | None], ExchangeAPI] = {}
 _capi.immortalize(_BY_ADDRESS)
 # Producer types seen -> their usable table, or None.
 _BY_TYPE: dict[type, ExchangeAPI | None] = {}
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 
 
 def _after_fork_in_child() -> None:
     # Another thread may have held the lock when the process forked; it does not exist in the
     # child, so the child gets a fresh lock (the caches themselves stay valid).
     global _lock
-    _lock = threading.Lock()
+    _lock = _thread.allocate_lock()
 
 
 if hasattr(os, "register_at_fork"):

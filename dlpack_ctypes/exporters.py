@@ -27,6 +27,7 @@ from dlpack_ctypes._blocks import (
     contiguous_strides,
     export,
 )
+from dlpack_ctypes._numpy_rules import NUMPY_EXPORTER_KEEPS_RULES
 from dlpack_ctypes._views import HOST_DEVICES, host_view
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -302,18 +303,6 @@ class BufferExporter:
                        device, versioned, flags)
 
 
-def _numpy_keeps_1_3() -> bool:
-    # numpy >= 2.4 always emits strides and takes the DLPack 1.0 keywords: the rules of 1.3.
-    try:
-        major, minor = (int(p) for p in np.__version__.split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (2, 4)
-
-
-#: numpy's own exporter keeps every export rule of this package (numpy >= 2.4): its versioned
-#: capsules are tagged 1.3 by :func:`numpy_dlpack`, and callers may prefer it for host memory.
-NUMPY_EXPORTER_KEEPS_RULES: Final = _numpy_keeps_1_3()
 _get_pointer = _capi.PyCapsule_GetPointer
 _ADDR_VERSIONED: Final = _capi.ADDR_DLTENSOR_VERSIONED
 _pack_u32 = struct.Struct("@I").pack_into

@@ -6,6 +6,7 @@ Shared with :mod:`pb_tensor.tensor` only; it never builds a ``Tensor`` (no impor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 import dlpack_ctypes as dl
@@ -61,7 +62,17 @@ MEMORY_OF_DEVICE: Final = {
     KDL_CUDA: MemoryType.GPU,
 }
 
-_c_strides: Final = dl.c_strides
+
+def _bind_c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    # The first call binds dlpack_ctypes' memoised C strides in place of this function: the
+    # producer module is loaded by the consumer that calls check_importable, never by
+    # ``import pb_tensor.tensor`` (a Tensor made from numpy does not need it).
+    global _c_strides
+    _c_strides = dl.c_strides
+    return _c_strides(shape)
+
+
+_c_strides: Callable[[tuple[int, ...]], tuple[int, ...]] = _bind_c_strides
 
 DTYPE_OF_DL: dict[tuple[int, int, int], TritonDtype] = {}
 for _td in TritonDtype:

@@ -6,14 +6,13 @@ messages), minus upstream's bugs; the README's "Differences from Triton" table l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, SupportsIndex
 
 import numpy as np
 
 import dlpack_ctypes as dl
 from dlpack_ctypes.abi import DLDeviceType
-from dlpack_ctypes.exchange import exchange_api as _exchange_api
-from pb_tensor import bytes_codec
 from pb_tensor._tensor_export import ctypes_export as _ctypes_export
 from pb_tensor._tensor_export import host_copy as _host_copy
 from pb_tensor._tensor_export import numpy_export as _numpy_export
@@ -35,8 +34,11 @@ from pb_tensor.errors import TritonBufferError, TritonModelException
 
 if TYPE_CHECKING:
     # typing_extensions is not a runtime dependency: annotations only.
+    import numpy.typing as npt
     from typing_extensions import CapsuleType
 
+    from dlpack_ctypes.exchange import ExchangeAPI
+    from pb_tensor._pickling import Decoded
     from pb_tensor.shm import SharedMemoryPool
 
 __all__ = ["Tensor"]
@@ -49,12 +51,73 @@ _BF16_NUMPY: Final = (
     "instead."
 )
 
-_CapsuleType: Final = dl.CapsuleType
-
-
 # numpy >= 2.4 exports host memory by its C code while keeping every rule of ours.
 _NUMPY_EXPORTS: Final = dl.NUMPY_EXPORTER_KEEPS_RULES
-_numpy_dlpack: Final = dl.numpy_dlpack
+
+# ------------------------------------------------------------------------------------------------
+# Loaded on first use. A Tensor made from a numpy array needs neither the DLPack machinery (the
+# capsule type, the consumer, the C exchange API, the exporters) nor the BYTES codec, so this
+# module does not import them. Each callable below starts as a binder: its first call imports
+# what it stands for, rebinds the module global to the real object and forwards the call; from
+# then on the hot paths call the real object directly (no check, no import statement per call).
+
+
+class _Unbound:
+    """What :data:`_CapsuleType` holds until the first DLPack import binds the capsule type."""
+
+
+# Read by from_dlpack only after its call of _exchange_api, whose binder sets it first.
+_CapsuleType: type = _Unbound
+
+
+def _bind_dlpack() -> None:
+    """Bind the DLPack globals (the first DLPack import or export calls this).
+
+    Race-free: the import system serialises the imports, every thread stores the same objects,
+    and the data global is stored before the callables that trigger this, so a thread that
+    finds a real callable also finds the real capsule type.
+    """
+    global _CapsuleType, _exchange_api, _numpy_dlpack
+    from dlpack_ctypes.exchange import exchange_api
+
+    capsule_type = dl.CapsuleType
+    numpy_dlpack = dl.numpy_dlpack
+    _CapsuleType = capsule_type
+    _exchange_api = exchange_api
+    _numpy_dlpack = numpy_dlpack
+
+
+def _first_exchange_api(tp: type) -> ExchangeAPI | None:
+    _bind_dlpack()
+    return _exchange_api(tp)
+
+
+def _first_numpy_dlpack(
+    array: np.ndarray[Any, Any],
+    *,
+    max_version: tuple[int, int] | None = None,
+    dl_device: tuple[int, int] | None = None,
+    copy: bool | None = None,
+) -> CapsuleType:
+    _bind_dlpack()
+    return _numpy_dlpack(array, max_version=max_version, dl_device=dl_device, copy=copy)
+
+
+def _first_serialize_with_lengths(
+    array: npt.NDArray[Any],
+) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint32] | None]:
+    global _serialize_with_lengths
+    from pb_tensor.bytes_codec import serialize_with_lengths
+
+    _serialize_with_lengths = serialize_with_lengths
+    return serialize_with_lengths(array)
+
+
+_exchange_api: Callable[[type], ExchangeAPI | None] = _first_exchange_api
+_numpy_dlpack: Callable[..., CapsuleType] = _first_numpy_dlpack
+_serialize_with_lengths: Callable[
+    [npt.NDArray[Any]], tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint32] | None]
+] = _first_serialize_with_lengths
 
 # numpy dtype.num -> TritonDtype for the numeric types DLPack carries (not BYTES, not BF16).
 _DIRECT_NUMPY: dict[int, TritonDtype] = {
@@ -92,7 +155,7 @@ class Tensor(TensorFields):
         if dtype is not TritonDtype.TYPE_BYTES:
             _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None, None)
             return
-        serialized, lengths = bytes_codec.serialize_with_lengths(array)
+        serialized, lengths = _serialize_with_lengths(array)
         _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None, serialized)
         self._lengths = lengths
 
@@ -318,9 +381,7 @@ class Tensor(TensorFields):
             payload = self._array
         else:
             payload = self._make_array()
-        from pb_tensor import _pickling  # on first use: import pb_tensor stays lean
-
-        return _rebuild_tensor, _pickling.encode(
+        return _rebuild_tensor, _encode(
             self._name, self._dtype, self._dims, memory_type, self._memory_id, payload,
             int(protocol),
         )
@@ -362,9 +423,7 @@ class Tensor(TensorFields):
             TritonModelException: the pool cannot grow enough, or GPU memory without CUDA
                 (or memory CUDA cannot export, such as another process's mapping).
         """
-        from pb_tensor.shm._tensors import save_tensor
-
-        return save_tensor(self, pool)
+        return _save_tensor(self, pool)
 
     @staticmethod
     def load_from_shared_memory(pool: SharedMemoryPool, handle: int) -> Tensor:
@@ -382,9 +441,7 @@ class Tensor(TensorFields):
             TritonModelException: a bad handle or a corrupted record (naming the field); a GPU
                 record without CUDA, or whose IPC handle cannot be opened.
         """
-        from pb_tensor.shm._tensors import load_tensor
-
-        return load_tensor(pool, handle, _blank)
+        return _load_tensor(pool, handle, _blank)
 
 
 _new_tensor: Final = object.__new__
@@ -428,8 +485,74 @@ def _rebuild_tensor(header: object, payload: object, /) -> Tensor:
     Raises:
         TritonModelException: a corrupted or truncated pickle (the rule it breaks).
     """
-    from pb_tensor import _pickling
-
-    name, dtype, dims, array, imported, serialized = _pickling.decode(header, payload)
+    name, dtype, dims, array, imported, serialized = _decode(header, payload)
     return _fill(_new_tensor(Tensor), name, dtype, dims, MemoryType.CPU, 0, array, imported,
                  serialized)
+
+
+# Shared memory and pickling load on first use, as the DLPack machinery does (see above): each
+# binder imports its module once, rebinds the globals and forwards the call.
+
+
+def _bind_shm() -> None:
+    global _load_tensor, _save_tensor
+    from pb_tensor.shm._tensors import load_tensor, save_tensor
+
+    _load_tensor = load_tensor
+    _save_tensor = save_tensor
+
+
+def _first_save_tensor(tensor: Tensor, pool: SharedMemoryPool) -> int:
+    _bind_shm()
+    return _save_tensor(tensor, pool)
+
+
+def _first_load_tensor(
+    pool: SharedMemoryPool,
+    handle: int,
+    blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
+) -> Tensor:
+    _bind_shm()
+    return _load_tensor(pool, handle, blank)
+
+
+def _bind_pickling() -> None:
+    global _decode, _encode
+    from pb_tensor._pickling import decode, encode
+
+    _decode = decode
+    _encode = encode
+
+
+def _first_encode(
+    name: str,
+    dtype: TritonDtype,
+    dims: tuple[int, ...],
+    memory_type: MemoryType,
+    memory_type_id: int,
+    payload: np.ndarray[Any, Any],
+    protocol: int,
+) -> tuple[bytes, object]:
+    _bind_pickling()
+    return _encode(name, dtype, dims, memory_type, memory_type_id, payload, protocol)
+
+
+def _first_decode(header: object, payload: object) -> Decoded:
+    _bind_pickling()
+    return _decode(header, payload)
+
+
+_save_tensor: Callable[[Tensor, SharedMemoryPool], int] = _first_save_tensor
+_load_tensor: Callable[
+    [
+        SharedMemoryPool,
+        int,
+        Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
+    ],
+    Tensor,
+] = _first_load_tensor
+_encode: Callable[
+    [str, TritonDtype, tuple[int, ...], MemoryType, int, np.ndarray[Any, Any], int],
+    tuple[bytes, object],
+] = _first_encode
+_decode: Callable[[object, object], Decoded] = _first_decode

@@ -28,6 +28,13 @@ import pb_tensor
 from pb_tensor import Tensor
 from conftest import build_capsule
 
+# The packages load their modules on first use: load them all now, so that the faults land in
+# the operations, not in first imports (which the operations' own guarantees do not cover).
+for _package in (dl, pb_tensor):
+    for _name in _package.__all__:
+        getattr(_package, _name)
+import dlpack_ctypes.exchange, pb_tensor._pickling  # noqa: E401
+
 PKG_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (dl, pb_tensor))
 SKIP = {"__del__", "close", "deleter_impl"}
 a = np.arange(12, dtype=np.float32).reshape(3, 4)
