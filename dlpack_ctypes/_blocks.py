@@ -64,10 +64,12 @@ __all__ = [
 MAX_NDIM: Final = 64
 DEVICE_TYPES: Final = frozenset(int(d) for d in DLDeviceType)
 
-#: Pending capsules beyond which every export also examines :data:`EXPORT_SWEEP_STEP` of them.
+#: Pending capsules beyond which an export also sweeps the queue: up to this many entries whose
+#: capsule is released (consumed and released, or dropped), of which at most
+#: :data:`EXPORT_SWEEP_STEP` still-held ones.
 SWEEP_LIMIT: Final = 64
-#: Queue entries examined by an export while more than :data:`SWEEP_LIMIT` are pending. Larger
-#: than one, so the queue shrinks while it holds dropped capsules.
+#: Still-held queue entries examined by an export while more than :data:`SWEEP_LIMIT` are
+#: pending. Larger than one, so the queue shrinks while it holds dropped capsules.
 EXPORT_SWEEP_STEP: Final = 4
 #: Queue entries examined after every :data:`GC_SWEEP_EVERY`-th garbage collection (and after
 #: every full one, which costs far more than that anyway): a quarter
@@ -123,8 +125,14 @@ _MEM: Final = _capi.MEM
 _unpack_ptr = struct.Struct("@P").unpack_from
 
 
-def _sweep(budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int = 0) -> int:
+def _sweep(
+    budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int = 0, held: int = -1
+) -> int:
     """Examine up to ``budget`` pending capsules, oldest first; returns how many are pending.
+
+    ``held`` >= 0 also ends the sweep once that many still-held capsules were examined (each
+    such check costs a ``getrefcount``; a released entry costs no more than its removal, which
+    every entry needs once anyway).
 
     An entry leaves the queue when its deleter already ran (the registry no longer holds *its*
     block: the block stays in the entry, so a recycled address can never be mistaken for it),
@@ -149,6 +157,9 @@ def _sweep(budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int =
             # its claim (it does when interrupted before the import completes).
             if _getrefcount(cap) > rc_base:
                 pending.rotate(-1)
+                held -= 1
+                if not held:
+                    break
                 continue
             if offset is not None:
                 renamed = _unpack_ptr(mem, id(cap) + offset)[0] != fresh
@@ -206,7 +217,7 @@ def pending_count() -> int:
     return len(PENDING)
 
 
-def _locked_sweep(budget: int) -> None:
+def _locked_sweep(budget: int, held: int = -1) -> None:
     # Releasing an export can run finalisers that export, collect garbage or flush: such a
     # nested sweep on the sweeping thread is skipped (the outer sweep owns the queue's front).
     me = _get_ident()
@@ -217,7 +228,7 @@ def _locked_sweep(budget: int) -> None:
     with _SWEEP_LOCK:
         _OWNER[0] = me
         try:
-            _sweep(budget, PENDING, LIVE, _RC_BASE)
+            _sweep(budget, PENDING, LIVE, _RC_BASE, held)
         finally:
             _OWNER[0] = 0
 
@@ -370,7 +381,10 @@ def export(
         capsule: CapsuleType = _new(addr, name, None)
         _pending.append((capsule, block, addr, name))
         if len(_pending) > SWEEP_LIMIT:
-            _step(EXPORT_SWEEP_STEP)
+            # Up to SWEEP_LIMIT entries at once when they are released (the usual case: the
+            # consumer let go), so the lock and call overhead is paid once per ~64 exports,
+            # not once per 4; still at most EXPORT_SWEEP_STEP held capsules examined.
+            _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
     except BaseException:
         # The capsule never reached the caller, so nobody can have consumed it.
         _live.pop(addr, None)

@@ -397,7 +397,7 @@ def fill(
         if check is not None:
             check(tensor)
     tensor._addr = ptr
-    return int(deleter or 0)
+    return deleter  # struct's "P" gives an int (0 for NULL)
 
 
 def adopt(
@@ -418,12 +418,19 @@ def adopt(
     """
     tensor: DLPackTensor | None = None
     try:
-        tensor = blank()
+        # blank() inlined (this is the exchange import's hot path).
+        tensor = _new_tensor(DLPackTensor)
+        tensor._fn = None
+        tensor._closed = False
+        tensor._viewed = False
+        tensor.__array_interface__ = None
         deleter = fill(tensor, ptr, True, check, False)
-        fns = [_FOREIGN_DELETERS.get(deleter) or deleter_for(deleter)] if deleter else []
-        tensor._fn = fns  # owned from here on: the finaliser releases it
+        # owned from here on: the finaliser releases it
+        tensor._fn = [_FOREIGN_DELETERS.get(deleter) or deleter_for(deleter)] if deleter else []
     except BaseException:
-        if tensor is None or tensor._fn is None:
+        # Interrupted before _fn was first set, or before it was set to the deleter: the
+        # tensor does not own the struct, so it is released here.
+        if tensor is None or getattr(tensor, "_fn", None) is None:
             _release_versioned(ptr)
         raise
     return tensor
