@@ -397,7 +397,8 @@ def fill(
         if check is not None:
             check(tensor)
     tensor._addr = ptr
-    return deleter  # struct's "P" gives an int (0 for NULL)
+    address: int = deleter  # struct's "P" gives an int (0 for NULL): no int() call needed
+    return address
 
 
 def adopt(
