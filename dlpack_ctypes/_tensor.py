@@ -397,8 +397,8 @@ def fill(
         if check is not None:
             check(tensor)
     tensor._addr = ptr
-    address: int = deleter  # struct's "P" gives an int (0 for NULL): no int() call needed
-    return address
+    deleter_address: int = deleter  # struct's "P" gives an int (0 for NULL): no int() needed
+    return deleter_address
 
 
 def adopt(
