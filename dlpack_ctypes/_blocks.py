@@ -56,9 +56,11 @@ __all__ = [
     "contiguous_strides",
     "deleter_impl",
     "export",
+    "export_prepared",
     "flush",
     "live_exports",
     "pending_count",
+    "prepare",
 ]
 
 MAX_NDIM: Final = 64
@@ -384,6 +386,75 @@ def export(
             # Up to SWEEP_LIMIT entries at once when they are released (the usual case: the
             # consumer let go), so the lock and call overhead is paid once per ~64 exports,
             # not once per 4; still at most EXPORT_SWEEP_STEP held capsules examined.
+            _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
+    except BaseException:
+        # The capsule never reached the caller, so nobody can have consumed it.
+        _live.pop(addr, None)
+        raise
+    return capsule
+
+
+# Offset of DLTensor.shape in the managed struct (strides follow): the only fields a prepared
+# block still needs per export, because they point into the block itself.
+_SHAPE_FIELD: Final = {True: 32 + 24, False: 24}
+_pack_pointers = struct.Struct("@PP").pack_into
+
+
+def prepare(
+    data: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: tuple[int, int, int],
+    device: tuple[int, int],
+    versioned: bool,
+    flags: int,
+) -> tuple[Any, bytes, int, int, int]:
+    """Pack an export block once for repeated :func:`export_prepared` calls of the same tensor.
+
+    Returns ``(block type, the packed bytes with NULL shape/strides pointers, offset of the shape
+    pointer, offset of the shape array, ndim)``; no validation (callers check, as for
+    :func:`export`).
+    """
+    ndim = len(shape)
+    found = _PACKERS.get((versioned, ndim))
+    pack, block_type, head = found if found is not None else _packer(versioned, ndim)
+    block = block_type()
+    if versioned:
+        pack(block, 0, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, 0, DELETER_ADDRESS, flags,
+             data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2], 0, 0, 0,
+             *shape, *strides)
+    else:
+        pack(block, 0, data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2],
+             0, 0, 0, 0, DELETER_ADDRESS, *shape, *strides)
+    return block_type, bytes(block), _SHAPE_FIELD[versioned], head, ndim
+
+
+def export_prepared(
+    owner: object,
+    prepared: tuple[Any, bytes, int, int, int],
+    name: int,
+    _live: Any = LIVE,
+    _pending: Any = PENDING,
+    _new: Any = _capi.PyCapsule_New,
+    _addressof: Any = ctypes.addressof,
+) -> CapsuleType:
+    """:func:`export` of a block made by :func:`prepare`: one copy of the packed bytes and the
+    two pointers into the block, instead of packing every field (``name``: the capsule name's
+    address, :data:`~dlpack_ctypes._capi.ADDR_DLTENSOR_VERSIONED` for a versioned block).
+
+    Exception-safe at every step, exactly as :func:`export` (the steps after the packing are
+    the same).
+    """
+    block_type, packed, field, head, ndim = prepared
+    block = block_type.from_buffer_copy(packed)
+    addr = _addressof(block)
+    if ndim:
+        _pack_pointers(block, field, addr + head, addr + head + 8 * ndim)
+    try:
+        _live[addr] = (block, owner)
+        capsule: CapsuleType = _new(addr, name, None)
+        _pending.append((capsule, block, addr, name))
+        if len(_pending) > SWEEP_LIMIT:
             _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
     except BaseException:
         # The capsule never reached the caller, so nobody can have consumed it.

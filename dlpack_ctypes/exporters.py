@@ -26,6 +26,8 @@ from dlpack_ctypes._blocks import (
     check_shape,
     contiguous_strides,
     export,
+    export_prepared,
+    prepare,
 )
 from dlpack_ctypes._views import HOST_DEVICES, host_view
 from dlpack_ctypes.abi import (
@@ -217,7 +219,20 @@ class BufferExporter:
         BufferError: too many dimensions.
     """
 
-    __slots__ = ("_data", "_device", "_dtype", "_owner", "_readonly", "_shape", "_strides")
+    __slots__ = (
+        "_data",
+        "_device",
+        "_dtype",
+        "_owner",
+        "_prepared",
+        "_readonly",
+        "_shape",
+        "_strides",
+    )
+
+    # The packed versioned block of the plain export (made on the first one): later exports
+    # copy it instead of packing every field again.
+    _prepared: tuple[Any, bytes, int, int, int] | None
 
     def __init__(
         self,
@@ -243,6 +258,7 @@ class BufferExporter:
             raise ValueError(f"unknown DLPack device type: {device=!r}")
         self._device = (device_type, int(device[1]))
         self._readonly = readonly
+        self._prepared = None
 
     @classmethod
     def from_numpy(cls, array: np.ndarray[Any, Any]) -> BufferExporter:
@@ -267,6 +283,7 @@ class BufferExporter:
         self._dtype = from_numpy_dtype(array.dtype)
         self._device = (1, 0)
         self._readonly = not flags.writeable
+        self._prepared = None
         return self
 
     def __dlpack_device__(self) -> tuple[DLDeviceType, int]:
@@ -298,6 +315,12 @@ class BufferExporter:
                            tuple(contiguous_strides(self._shape)), self._dtype, device,
                            versioned, DLPACK_FLAG_BITMASK_IS_COPIED)
         flags = DLPACK_FLAG_BITMASK_READ_ONLY if self._readonly else 0
+        if versioned and device is self._device:  # the plain request: device not relabelled
+            prepared = self._prepared
+            if prepared is None:
+                prepared = self._prepared = prepare(self._data, self._shape, self._strides,
+                                                    self._dtype, device, True, flags)
+            return export_prepared(self._owner, prepared, _ADDR_VERSIONED)
         return export(self._owner, self._data, self._shape, self._strides, self._dtype,
                        device, versioned, flags)
 

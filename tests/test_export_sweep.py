@@ -69,3 +69,71 @@ def test_dropped_unconsumed_capsules_are_released_by_exports(no_gc: None) -> Non
     # Every one of them but the queue's tail was released by a sweep, not left to flush().
     assert len(_blocks.LIVE) <= _blocks.SWEEP_LIMIT + 1
     assert dl.live_exports() == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# BufferExporter's prepared block: later exports copy the first one's packed bytes
+
+
+def prepared(exporter: dl.BufferExporter) -> object:
+    """The exporter's prepared block (None until its first plain versioned export)."""
+    return exporter._prepared
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        np.arange(24, dtype=np.int16).reshape(2, 3, 4)[:, ::2],  # strided
+        np.array(7.5),  # 0-d: no shape or strides pointers
+        np.arange(5, dtype=np.uint8)[::-1],  # negative stride
+    ],
+)
+def test_prepared_exports_describe_the_same_tensor(array: np.ndarray[Any, Any]) -> None:
+    exporter = dl.BufferExporter.from_numpy(array)
+    seen = []
+    for _ in range(3):  # the first export prepares the block, the others copy it
+        capsule = exporter.__dlpack__(max_version=(1, 3))
+        with dl.consume(capsule) as t:
+            seen.append((t.data, t.shape, t.strides, t.dtype, t.device, t.version, t.flags))
+            np.testing.assert_array_equal(t.numpy(), array)
+    assert prepared(exporter) is not None
+    assert seen[0] == seen[1] == seen[2]
+    generic = dl.export_buffer(array, seen[0][0], array.shape, seen[0][2], seen[0][3])
+    with dl.consume(generic) as t:
+        assert (t.data, t.shape, t.strides, t.dtype) == seen[0][:4]
+    assert dl.live_exports() == 0
+
+
+def test_prepared_export_keeps_read_only_and_numpy_interop() -> None:
+    array = np.arange(6, dtype=np.float64)
+    array.flags.writeable = False
+    exporter = dl.BufferExporter.from_numpy(array)
+    for _ in range(3):
+        view = np.from_dlpack(exporter)
+        assert not view.flags.writeable
+        np.testing.assert_array_equal(view, array)
+        with dl.consume(exporter.__dlpack__(max_version=(1, 0))) as t:
+            assert t.readonly
+    del view
+    gc.collect()
+    assert dl.live_exports() == 0
+
+
+def test_relabelled_or_legacy_requests_take_the_general_export() -> None:
+    array = np.arange(4, dtype=np.int32)
+    exporter = dl.BufferExporter(array, array.ctypes.data, (4,), None, dl.DataType(0, 32, 1),
+                                 (3, 0))  # kDLCUDAHost: host memory, relabelled on request
+    with dl.consume(exporter.__dlpack__(max_version=(1, 3), dl_device=(1, 0))) as t:
+        assert t.device == (dl.DLDeviceType.kDLCPU, 0)
+    assert prepared(exporter) is None
+    with dl.consume(exporter.__dlpack__()) as t:  # legacy capsule
+        assert t.version is None
+        assert t.device == (dl.DLDeviceType.kDLCUDAHost, 0)
+    assert prepared(exporter) is None
+    with dl.consume(exporter.__dlpack__(max_version=(1, 3))) as t:
+        assert t.device == (dl.DLDeviceType.kDLCUDAHost, 0)
+        np.testing.assert_array_equal(t.numpy(), array)
+    assert prepared(exporter) is not None
+    del t  # its view was made: the release waited for the tensor object
+    assert dl.live_exports() == 0
