@@ -362,21 +362,24 @@ def numpy_dlpack(
             another device requested).
         TypeError: malformed arguments.
     """
-    capsule: CapsuleType = array.__dlpack__(max_version=max_version, dl_device=dl_device,
-                                            copy=copy)
-    if NUMPY_EXPORTER_KEEPS_RULES and max_version is not None and max_version[0] >= 1:
+    if dl_device is None and copy is None:  # the common request: fewer keywords to parse
+        capsule: CapsuleType = array.__dlpack__(max_version=max_version)
+    else:
+        capsule = array.__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
+    if max_version is not None and NUMPY_EXPORTER_KEEPS_RULES and max_version[0] >= 1:
+        mem = _capi.MEM
         if _POINTER_OFFSET is None:
             ptr = _get_pointer(capsule, _ADDR_VERSIONED)
         else:
             # numpy names its capsules with one static string: once PyCapsule_GetPointer has
             # accepted a capsule with that name pointer, the next ones are read directly from
             # the capsule object (the field offsets are self-checked at import).
-            ptr, name = _unpack_pointer_and_name(_capi.MEM, id(capsule) + _POINTER_OFFSET)
+            ptr, name = _unpack_pointer_and_name(mem, id(capsule) + _POINTER_OFFSET)
             if name != _NUMPY_VERSIONED_NAME[0]:
                 ptr = _get_pointer(capsule, _ADDR_VERSIONED)
                 _NUMPY_VERSIONED_NAME[0] = name
         if ptr:
-            _pack_u32(_capi.MEM, ptr + 4, DLPACK_MINOR_VERSION)
+            _pack_u32(mem, ptr + 4, DLPACK_MINOR_VERSION)
     return capsule
 
 
