@@ -97,7 +97,7 @@ def test_closed_before_numpy_releases_at_once(make_capsule: Any) -> None:
     [
         ({"flags": 1}, "read-only"),
         ({"strides": (1, 3)}, "not C order"),
-        ({"shape": (0, 3)}, "empty"),
+        ({"shape": (0, 3), "data": 0}, "empty with a NULL data pointer"),
     ],
 )
 def test_general_path_still_taken(make_capsule: Any, kwargs: dict[str, Any], why: str) -> None:
@@ -117,6 +117,22 @@ def test_general_path_still_taken(make_capsule: Any, kwargs: dict[str, Any], why
         np.testing.assert_array_equal(view, a.reshape(2, 3).T)
     else:
         assert view.shape == (0, 3)
+        assert view.__array_interface__["data"][0] != 0  # numpy gets a valid address
+    del view, t
+    gc.collect()
+    assert info.calls == 1
+
+
+def test_empty_tensor_with_data_may_take_the_fast_path(make_capsule: Any) -> None:
+    a = np.arange(6, dtype=np.float32)
+    _learn(make_capsule, a)
+    dl.c_strides((0, 3))  # the C strides of the shape are known (as after any earlier use)
+    capsule, info = make_capsule(a, shape=(0, 3))
+    t = dl.consume(capsule)
+    view = t.numpy()
+    assert view.shape == (0, 3)
+    assert view.dtype == np.float32
+    assert view.size == 0
     del view, t
     gc.collect()
     assert info.calls == 1
