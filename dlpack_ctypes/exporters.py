@@ -13,7 +13,7 @@ import ctypes
 import struct
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 
@@ -230,9 +230,10 @@ class BufferExporter:
         "_strides",
     )
 
-    # The packed versioned block of the plain export (made on the first one): later exports
-    # copy it instead of packing every field again.
-    _prepared: tuple[Any, bytes, int, int, int] | None
+    # The packed versioned block of the plain export, made on the second one (None: none yet,
+    # False: one, which packed its own block: a one-off exporter gains nothing from preparing);
+    # later exports copy it instead of packing every field again.
+    _prepared: tuple[Any, bytes, int, int, int] | Literal[False] | None
 
     def __init__(
         self,
@@ -318,9 +319,12 @@ class BufferExporter:
         if versioned and device is self._device:  # the plain request: device not relabelled
             prepared = self._prepared
             if prepared is None:
-                prepared = self._prepared = prepare(self._data, self._shape, self._strides,
-                                                    self._dtype, device, True, flags)
-            return export_prepared(self._owner, prepared, _ADDR_VERSIONED)
+                self._prepared = False
+            else:
+                if prepared is False:
+                    prepared = self._prepared = prepare(self._data, self._shape, self._strides,
+                                                        self._dtype, device, True, flags)
+                return export_prepared(self._owner, prepared, _ADDR_VERSIONED)
         return export(self._owner, self._data, self._shape, self._strides, self._dtype,
                        device, versioned, flags)
 

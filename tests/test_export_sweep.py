@@ -92,16 +92,27 @@ def prepared(exporter: dl.BufferExporter) -> object:
 def test_prepared_exports_describe_the_same_tensor(array: np.ndarray[Any, Any]) -> None:
     exporter = dl.BufferExporter.from_numpy(array)
     seen = []
-    for _ in range(3):  # the first export prepares the block, the others copy it
+    for _ in range(4):  # the 1st export packs, the 2nd prepares the block, the others copy it
         capsule = exporter.__dlpack__(max_version=(1, 3))
         with dl.consume(capsule) as t:
             seen.append((t.data, t.shape, t.strides, t.dtype, t.device, t.version, t.flags))
             np.testing.assert_array_equal(t.numpy(), array)
-    assert prepared(exporter) is not None
-    assert seen[0] == seen[1] == seen[2]
+    assert isinstance(prepared(exporter), tuple)
+    assert seen[0] == seen[1] == seen[2] == seen[3]
     generic = dl.export_buffer(array, seen[0][0], array.shape, seen[0][2], seen[0][3])
     with dl.consume(generic) as t:
         assert (t.data, t.shape, t.strides, t.dtype) == seen[0][:4]
+    assert dl.live_exports() == 0
+
+
+def test_one_off_exporter_packs_its_own_block() -> None:
+    array = np.arange(3, dtype=np.int8)
+    exporter = dl.BufferExporter.from_numpy(array)
+    np.testing.assert_array_equal(np.from_dlpack(exporter), array)
+    assert prepared(exporter) is False  # one export: nothing prepared
+    np.testing.assert_array_equal(np.from_dlpack(exporter), array)
+    assert isinstance(prepared(exporter), tuple)
+    gc.collect()
     assert dl.live_exports() == 0
 
 
@@ -131,9 +142,10 @@ def test_relabelled_or_legacy_requests_take_the_general_export() -> None:
         assert t.version is None
         assert t.device == (dl.DLDeviceType.kDLCUDAHost, 0)
     assert prepared(exporter) is None
-    with dl.consume(exporter.__dlpack__(max_version=(1, 3))) as t:
-        assert t.device == (dl.DLDeviceType.kDLCUDAHost, 0)
-        np.testing.assert_array_equal(t.numpy(), array)
-    assert prepared(exporter) is not None
+    for _ in range(2):
+        with dl.consume(exporter.__dlpack__(max_version=(1, 3))) as t:
+            assert t.device == (dl.DLDeviceType.kDLCUDAHost, 0)
+            np.testing.assert_array_equal(t.numpy(), array)
+    assert isinstance(prepared(exporter), tuple)
     del t  # its view was made: the release waited for the tensor object
     assert dl.live_exports() == 0
