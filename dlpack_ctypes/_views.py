@@ -101,12 +101,29 @@ class ViewOwner(ctypes.c_char * sys.maxsize):  # type: ignore[misc]
     that starts at the data (numpy reads only the view's extent) and keeps ``tensor`` alive.
 
     Made with ``from_address`` and never owns memory; ``numpy.ndarray(shape, dtype, owner)``
-    builds the view in C, which costs less than numpy parsing an interface dict.
+    builds the view in C, which costs less than numpy parsing an interface dict. Its length
+    is the address space's, so the Python-level accessors a ctypes array has (indexing,
+    ``len``, ``value``, ``raw``), which would read past the tensor, raise TypeError; numpy only
+    takes its buffer.
+
+    Raises:
+        TypeError: on indexing, ``len()``, ``value`` and ``raw``.
     """
 
     __slots__ = ("tensor",)
 
     tensor: object
+
+    def _refuse(self, *args: object) -> Any:
+        raise TypeError(
+            "ViewOwner is the base of a numpy view of a DLPack tensor; use the view itself"
+        )
+
+    __getitem__ = __setitem__ = __len__ = _refuse
+
+
+# ctypes gives every c_char array type its own ``value`` and ``raw`` after the class body runs.
+ViewOwner.value = ViewOwner.raw = property(ViewOwner._refuse)
 
 
 class _HostView:

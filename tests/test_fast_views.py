@@ -175,3 +175,28 @@ def test_validated_shape_and_stride_memos_are_exact(make_capsule: Any) -> None:
     del capsule  # refused before it was consumed: dropping it releases it
     gc.collect()
     assert (info.calls, info2.calls, info3.calls, info4.calls) == (1, 1, 1, 1)
+
+
+def test_view_owner_refuses_python_level_access(make_capsule: Any) -> None:
+    a = np.arange(6, dtype=np.float32)
+    _learn(make_capsule, a)
+    capsule, info = make_capsule(a)
+    t = dl.consume(capsule)
+    view = t.numpy()
+    owner = view.base
+    assert type(owner) is ViewOwner
+    message = "ViewOwner is the base of a numpy view of a DLPack tensor; use the view itself"
+    with pytest.raises(TypeError, match=message):
+        owner[0]
+    with pytest.raises(TypeError, match=message):
+        owner[0] = b"x"
+    with pytest.raises(TypeError, match=message):
+        len(owner)
+    with pytest.raises(TypeError, match=message):
+        owner.value  # noqa: B018
+    with pytest.raises(TypeError, match=message):
+        owner.raw  # noqa: B018
+    np.testing.assert_array_equal(view, a)  # the view itself is unaffected
+    del view, owner, t
+    gc.collect()
+    assert info.calls == 1
