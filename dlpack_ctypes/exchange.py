@@ -220,10 +220,13 @@ def exchange_api(tp: type) -> ExchangeAPI | None:
     except TypeError:  # an unhashable metaclass instance
         return None
     found = _discover(tp)
-    with _lock:
-        if len(_BY_TYPE) >= _MAX_TYPES:
-            _BY_TYPE.clear()
-        _BY_TYPE[tp] = found
+    # No lock: each dict operation is atomic, and a race only discovers a type twice. A lock
+    # here could be left held for good by an asynchronous exception (KeyboardInterrupt) landing
+    # between the end of a with-block and its __exit__ call, which Python does not protect;
+    # every later first import of a type would then hang.
+    if len(_BY_TYPE) >= _MAX_TYPES:
+        _BY_TYPE.clear()
+    _BY_TYPE[tp] = found
     return found
 
 
@@ -242,10 +245,11 @@ def _discover(tp: type) -> ExchangeAPI | None:
     if not address:
         return None
     guard = _torch_guard(tp)
-    with _lock:
-        api = _BY_ADDRESS.get((address, guard))
-        if api is None:
-            api = _BY_ADDRESS[address, guard] = ExchangeAPI(address, guard)
+    # No lock (see exchange_api): two racing discoveries may each wrap the table; both wrappers
+    # are equivalent and setdefault keeps one.
+    api = _BY_ADDRESS.get((address, guard))
+    if api is None:
+        api = _BY_ADDRESS.setdefault((address, guard), ExchangeAPI(address, guard))
     return api
 
 
