@@ -57,18 +57,22 @@ __all__ = [
     "contiguous_strides",
     "deleter_impl",
     "export",
+    "export_prepared",
     "flush",
     "live_exports",
     "pending_count",
+    "prepare",
 ]
 
 MAX_NDIM: Final = 64
 DEVICE_TYPES: Final = frozenset(int(d) for d in DLDeviceType)
 
-#: Pending capsules beyond which every export also examines :data:`EXPORT_SWEEP_STEP` of them.
+#: Pending capsules beyond which an export also sweeps the queue: up to this many entries whose
+#: capsule is released (consumed and released, or dropped), of which at most
+#: :data:`EXPORT_SWEEP_STEP` still-held ones.
 SWEEP_LIMIT: Final = 64
-#: Queue entries examined by an export while more than :data:`SWEEP_LIMIT` are pending. Larger
-#: than one, so the queue shrinks while it holds dropped capsules.
+#: Still-held queue entries examined by an export while more than :data:`SWEEP_LIMIT` are
+#: pending. Larger than one, so the queue shrinks while it holds dropped capsules.
 EXPORT_SWEEP_STEP: Final = 4
 #: Queue entries examined after every :data:`GC_SWEEP_EVERY`-th garbage collection (and after
 #: every full one, which costs far more than that anyway): a quarter
@@ -124,8 +128,14 @@ _MEM: Final = _capi.MEM
 _unpack_ptr = struct.Struct("@P").unpack_from
 
 
-def _sweep(budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int = 0) -> int:
+def _sweep(
+    budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int = 0, held: int = -1
+) -> int:
     """Examine up to ``budget`` pending capsules, oldest first; returns how many are pending.
+
+    ``held`` >= 0 also ends the sweep once that many still-held capsules were examined (each
+    such check costs a ``getrefcount``; a released entry costs no more than its removal, which
+    every entry needs once anyway).
 
     An entry leaves the queue when its deleter already ran (the registry no longer holds *its*
     block: the block stays in the entry, so a recycled address can never be mistaken for it),
@@ -150,6 +160,9 @@ def _sweep(budget: int, pending: Any = PENDING, live: Any = LIVE, rc_base: int =
             # its claim (it does when interrupted before the import completes).
             if _getrefcount(cap) > rc_base:
                 pending.rotate(-1)
+                held -= 1
+                if not held:
+                    break
                 continue
             if offset is not None:
                 renamed = _unpack_ptr(mem, id(cap) + offset)[0] != fresh
@@ -207,7 +220,7 @@ def pending_count() -> int:
     return len(PENDING)
 
 
-def _locked_sweep(budget: int) -> None:
+def _locked_sweep(budget: int, held: int = -1) -> None:
     # Releasing an export can run finalisers that export, collect garbage or flush: such a
     # nested sweep on the sweeping thread is skipped (the outer sweep owns the queue's front).
     me = _get_ident()
@@ -218,7 +231,7 @@ def _locked_sweep(budget: int) -> None:
     with _SWEEP_LOCK:
         _OWNER[0] = me
         try:
-            _sweep(budget, PENDING, LIVE, _RC_BASE)
+            _sweep(budget, PENDING, LIVE, _RC_BASE, held)
         finally:
             _OWNER[0] = 0
 
@@ -371,7 +384,79 @@ def export(
         capsule: CapsuleType = _new(addr, name, None)
         _pending.append((capsule, block, addr, name))
         if len(_pending) > SWEEP_LIMIT:
-            _step(EXPORT_SWEEP_STEP)
+            # Up to SWEEP_LIMIT entries at once when they are released (the usual case: the
+            # consumer let go), so the lock and call overhead is paid once per ~64 exports,
+            # not once per 4; still at most EXPORT_SWEEP_STEP held capsules examined.
+            _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
+    except BaseException:
+        # The capsule never reached the caller, so nobody can have consumed it.
+        _live.pop(addr, None)
+        raise
+    return capsule
+
+
+# Offset of DLTensor.shape in the managed struct (strides follow): the only fields a prepared
+# block still needs per export, because they point into the block itself.
+_SHAPE_FIELD: Final = {True: 32 + 24, False: 24}
+_pack_pointers = struct.Struct("@PP").pack_into
+
+
+def prepare(
+    data: int,
+    shape: tuple[int, ...],
+    strides: tuple[int, ...],
+    dtype: tuple[int, int, int],
+    device: tuple[int, int],
+    versioned: bool,
+    flags: int,
+) -> tuple[Any, bytes, int, int, int]:
+    """Pack an export block once for repeated :func:`export_prepared` calls of the same tensor.
+
+    Returns ``(block type, the packed bytes with NULL shape/strides pointers, offset of the shape
+    pointer, offset of the shape array, ndim)``; no validation (callers check, as for
+    :func:`export`).
+    """
+    ndim = len(shape)
+    found = _PACKERS.get((versioned, ndim))
+    pack, block_type, head = found if found is not None else _packer(versioned, ndim)
+    block = block_type()
+    if versioned:
+        pack(block, 0, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, 0, DELETER_ADDRESS, flags,
+             data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2], 0, 0, 0,
+             *shape, *strides)
+    else:
+        pack(block, 0, data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2],
+             0, 0, 0, 0, DELETER_ADDRESS, *shape, *strides)
+    return block_type, bytes(block), _SHAPE_FIELD[versioned], head, ndim
+
+
+def export_prepared(
+    owner: object,
+    prepared: tuple[Any, bytes, int, int, int],
+    name: int,
+    _live: Any = LIVE,
+    _pending: Any = PENDING,
+    _new: Any = _capi.PyCapsule_New,
+    _addressof: Any = ctypes.addressof,
+) -> CapsuleType:
+    """:func:`export` of a block made by :func:`prepare`: one copy of the packed bytes and the
+    two pointers into the block, instead of packing every field (``name``: the capsule name's
+    address, :data:`~dlpack_ctypes._capi.ADDR_DLTENSOR_VERSIONED` for a versioned block).
+
+    Exception-safe at every step, exactly as :func:`export` (the steps after the packing are
+    the same).
+    """
+    block_type, packed, field, head, ndim = prepared
+    block = block_type.from_buffer_copy(packed)
+    addr = _addressof(block)
+    if ndim:
+        _pack_pointers(block, field, addr + head, addr + head + 8 * ndim)
+    try:
+        _live[addr] = (block, owner)
+        capsule: CapsuleType = _new(addr, name, None)
+        _pending.append((capsule, block, addr, name))
+        if len(_pending) > SWEEP_LIMIT:
+            _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
     except BaseException:
         # The capsule never reached the caller, so nobody can have consumed it.
         _live.pop(addr, None)

@@ -15,8 +15,8 @@ from typing import Any, Final
 import numpy as np
 
 from dlpack_ctypes import _capi
-from dlpack_ctypes._blocks import DELETER_ADDRESS, MAX_NDIM, c_strides, deleter_impl
-from dlpack_ctypes._views import EMPTY_DATA, HOST_DEVICES, VIEW_INFO, interface
+from dlpack_ctypes._blocks import C_STRIDES, DELETER_ADDRESS, MAX_NDIM, c_strides, deleter_impl
+from dlpack_ctypes._views import EMPTY_DATA, HOST_DEVICES, VIEW_INFO, ViewOwner, interface
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
     DLPACK_FLAG_BITMASK_READ_ONLY,
@@ -38,6 +38,11 @@ _INT64S = [struct.Struct(f"@{n}q").unpack_from for n in range(MAX_NDIM + 1)]
 _DEVICE_ENUM: Final = {int(d): d for d in DLDeviceType}
 _VERSIONS: Final = {minor: (1, minor) for minor in range(16)}
 _asarray: Final = np.asarray
+_ndarray: Final = np.ndarray
+_ViewOwner: Final = ViewOwner
+_C_STRIDES: Final = C_STRIDES
+# DataType -> the numpy dtype of its views, for the types numpy has itself (filled by numpy()).
+_NATIVE: dict[DataType, np.dtype[Any]] = {}
 _c_strides = c_strides
 _new_tensor = object.__new__
 _MAX_ADDRESS: Final = 2**64 - 1
@@ -88,6 +93,7 @@ class DLPackTensor:
         "_addr",
         "_closed",
         "_fn",
+        "_viewed",
         "byte_offset",
         "data",
         "device",
@@ -107,6 +113,9 @@ class DLPackTensor:
     _addr: int
     _fn: list[Callable[[int], None]] | None
     _closed: bool
+    # True once numpy() made a view without __array_interface__ (the fast path): close() must
+    # then leave the release to the finaliser, as when the interface is set.
+    _viewed: bool
     data: int
     byte_offset: int
     device: tuple[DLDeviceType, int]
@@ -195,6 +204,25 @@ class DLPackTensor:
             BufferError: the memory is not host-accessible, the tensor is closed, or numpy has no
                 dtype for it (and ``raw`` is False or lanes != 1).
         """
+        dtype = _NATIVE.get(self.dtype)
+        if (
+            dtype is not None
+            and self.data
+            and not self.readonly
+            and self.device[0] in HOST_DEVICES
+            and self.strides == _C_STRIDES.get(self.shape)
+        ):
+            # The common view (writable, C order, a type numpy has) without parsing an
+            # __array_interface__: a buffer object at the data keeps this tensor alive and
+            # numpy takes it as the view's base. Marked viewed *before* _closed is looked at
+            # (see below for why).
+            self._viewed = True
+            if self._closed:
+                raise BufferError("DLPackTensor.numpy: the tensor was closed")
+            owner = _ViewOwner.from_address(self.data)
+            owner.tensor = self
+            view: np.ndarray[Any, Any] = _ndarray(self.shape, dtype, owner)
+            return view
         if self.__array_interface__ is None:
             info = VIEW_INFO.get(self.dtype)
             if info is None or self.device[0] not in HOST_DEVICES:
@@ -233,6 +261,8 @@ class DLPackTensor:
         if self._closed:
             raise BufferError("DLPackTensor.numpy: the tensor was closed")
         target = info[2]
+        if target is True and self.dtype not in _NATIVE:
+            _NATIVE[self.dtype] = np.dtype(info[0])
         try:
             arr: np.ndarray[Any, Any] = _asarray(self)
         except (ValueError, OverflowError) as exc:
@@ -254,7 +284,7 @@ class DLPackTensor:
         :meth:`numpy` calls raise either way. Idempotent and safe to call from several threads.
         """
         self._closed = True
-        if self.__array_interface__ is None:
+        if self.__array_interface__ is None and not self._viewed:
             fns = self._fn
             if fns:
                 try:
@@ -275,6 +305,7 @@ def blank() -> DLPackTensor:
     tensor: DLPackTensor = _new_tensor(DLPackTensor)
     tensor._fn = None
     tensor._closed = False
+    tensor._viewed = False
     tensor.__array_interface__ = None
     return tensor
 
@@ -327,11 +358,12 @@ def fill(
             raise BufferError(f"invalid DLPack tensor: NULL shape with {ndim=}")
         unpack = _INT64S[ndim]
         shape = unpack(mem, shape_ptr)
-        if not data or min(shape) <= 0:
+        # Set lookups of shapes and strides already seen valid: min()/max() cost ~100 ns each.
+        if not data or shape not in _POSITIVE_SHAPES:
             _check_sizes(shape, data)
         if strides_ptr:
             strides = unpack(mem, strides_ptr)
-            if max(strides) >= _SAFE_STRIDE or min(strides) <= -_SAFE_STRIDE:
+            if strides not in _SAFE_STRIDES:
                 _check_strides(strides, bits, lanes)
         else:
             # C strides of a shape whose dimensions are all >= 0; too large ones make numpy()
@@ -365,7 +397,8 @@ def fill(
         if check is not None:
             check(tensor)
     tensor._addr = ptr
-    return int(deleter or 0)
+    deleter_address: int = deleter  # struct's "P" gives an int (0 for NULL): no int() needed
+    return deleter_address
 
 
 def adopt(
@@ -386,12 +419,19 @@ def adopt(
     """
     tensor: DLPackTensor | None = None
     try:
-        tensor = blank()
+        # blank() inlined (this is the exchange import's hot path).
+        tensor = _new_tensor(DLPackTensor)
+        tensor._fn = None
+        tensor._closed = False
+        tensor._viewed = False
+        tensor.__array_interface__ = None
         deleter = fill(tensor, ptr, True, check, False)
-        fns = [_FOREIGN_DELETERS.get(deleter) or deleter_for(deleter)] if deleter else []
-        tensor._fn = fns  # owned from here on: the finaliser releases it
+        # owned from here on: the finaliser releases it
+        tensor._fn = [_FOREIGN_DELETERS.get(deleter) or deleter_for(deleter)] if deleter else []
     except BaseException:
-        if tensor is None or tensor._fn is None:
+        # Interrupted before _fn was first set, or before it was set to the deleter: the
+        # tensor does not own the struct, so it is released here.
+        if tensor is None or getattr(tensor, "_fn", None) is None:
             _release_versioned(ptr)
         raise
     return tensor
@@ -423,6 +463,15 @@ def _dtype_of(code: int, bits: int, lanes: int) -> DataType:
     return found
 
 
+# Shapes whose dimensions are all > 0 and stride tuples within +-_SAFE_STRIDE (valid for every
+# itemsize), as seen so far. Bounded: a program with ever-new shapes only refills them. Sets of
+# immutable tuples: concurrent adds and clears are safe under the GIL and harmless without it
+# (a miss only takes the exact check again).
+_POSITIVE_SHAPES: set[tuple[int, ...]] = set()
+_SAFE_STRIDES: set[tuple[int, ...]] = set()
+_MAX_REMEMBERED: Final = 4096
+
+
 def _check_sizes(shape: tuple[int, ...], data: int | None) -> None:
     size = 1
     for n in shape:
@@ -431,9 +480,18 @@ def _check_sizes(shape: tuple[int, ...], data: int | None) -> None:
         size *= n
     if size and not data:
         raise BufferError(f"invalid DLPack tensor: NULL data pointer with {shape=}")
+    if size:
+        if len(_POSITIVE_SHAPES) >= _MAX_REMEMBERED:
+            _POSITIVE_SHAPES.clear()
+        _POSITIVE_SHAPES.add(shape)
 
 
 def _check_strides(strides: tuple[int, ...], bits: int, lanes: int) -> None:
+    if max(strides) < _SAFE_STRIDE and min(strides) > -_SAFE_STRIDE:
+        if len(_SAFE_STRIDES) >= _MAX_REMEMBERED:
+            _SAFE_STRIDES.clear()
+        _SAFE_STRIDES.add(strides)
+        return
     itemsize = max(1, (bits * lanes + 7) // 8)
     for s in strides:
         if abs(s) * itemsize > _INTP_MAX:

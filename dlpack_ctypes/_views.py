@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any, Final
 
 import numpy as np
@@ -12,7 +13,15 @@ from dlpack_ctypes._blocks import c_strides
 from dlpack_ctypes.abi import DLDeviceType
 from dlpack_ctypes.dtypes import DataType, to_numpy_dtype
 
-__all__ = ["EMPTY_DATA", "HOST_DEVICES", "VIEW_INFO", "host_view", "interface", "view_info"]
+__all__ = [
+    "EMPTY_DATA",
+    "HOST_DEVICES",
+    "VIEW_INFO",
+    "ViewOwner",
+    "host_view",
+    "interface",
+    "view_info",
+]
 
 #: Device types whose memory the CPU can address directly (numpy can view it).
 HOST_DEVICES: Final = frozenset(
@@ -85,6 +94,36 @@ def interface(
         "typestr": typestr,
         "version": 3,
     }
+
+
+class ViewOwner(ctypes.c_char * sys.maxsize):  # type: ignore[misc]
+    """The ``base`` of a numpy view made without ``__array_interface__``: a writable buffer
+    that starts at the data (numpy reads only the view's extent) and keeps ``tensor`` alive.
+
+    Made with ``from_address`` and never owns memory; ``numpy.ndarray(shape, dtype, owner)``
+    builds the view in C, which costs less than numpy parsing an interface dict. Its length
+    is the address space's, so the Python-level accessors a ctypes array has (indexing,
+    ``len``, ``value``, ``raw``), which would read past the tensor, raise TypeError; numpy only
+    takes its buffer.
+
+    Raises:
+        TypeError: on indexing, ``len()``, ``value`` and ``raw``.
+    """
+
+    __slots__ = ("tensor",)
+
+    tensor: object
+
+    def _refuse(self, *args: object) -> Any:
+        raise TypeError(
+            "ViewOwner is the base of a numpy view of a DLPack tensor; use the view itself"
+        )
+
+    __getitem__ = __setitem__ = __len__ = _refuse
+
+
+# ctypes gives every c_char array type its own ``value`` and ``raw`` after the class body runs.
+ViewOwner.value = ViewOwner.raw = property(ViewOwner._refuse)
 
 
 class _HostView:

@@ -90,6 +90,7 @@ def consume(
     tensor = _new_tensor(DLPackTensor)
     tensor._fn = None
     tensor._closed = False
+    tensor._viewed = False
     tensor.__array_interface__ = None
     base = id(capsule)
     field = base + _NAME_OFFSET

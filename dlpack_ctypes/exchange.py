@@ -33,7 +33,6 @@ from __future__ import annotations
 # _thread, not threading: the same C locks and thread-local storage, without importing threading.
 import _thread
 import ctypes
-import os
 import struct
 import sys
 from collections.abc import Callable
@@ -193,18 +192,6 @@ _BY_ADDRESS: dict[tuple[int, Callable[[Any], bool] | None], ExchangeAPI] = {}
 _capi.immortalize(_BY_ADDRESS)
 # Producer types seen -> their usable table, or None.
 _BY_TYPE: dict[type, ExchangeAPI | None] = {}
-_lock = _thread.allocate_lock()
-
-
-def _after_fork_in_child() -> None:
-    # Another thread may have held the lock when the process forked; it does not exist in the
-    # child, so the child gets a fresh lock (the caches themselves stay valid).
-    global _lock
-    _lock = _thread.allocate_lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def exchange_api(tp: type) -> ExchangeAPI | None:
@@ -221,10 +208,13 @@ def exchange_api(tp: type) -> ExchangeAPI | None:
     except TypeError:  # an unhashable metaclass instance
         return None
     found = _discover(tp)
-    with _lock:
-        if len(_BY_TYPE) >= _MAX_TYPES:
-            _BY_TYPE.clear()
-        _BY_TYPE[tp] = found
+    # No lock: each dict operation is atomic, and a race only discovers a type twice. A lock
+    # here could be left held for good by an asynchronous exception (KeyboardInterrupt) landing
+    # between the end of a with-block and its __exit__ call, which Python does not protect;
+    # every later first import of a type would then hang.
+    if len(_BY_TYPE) >= _MAX_TYPES:
+        _BY_TYPE.clear()
+    _BY_TYPE[tp] = found
     return found
 
 
@@ -243,10 +233,11 @@ def _discover(tp: type) -> ExchangeAPI | None:
     if not address:
         return None
     guard = _torch_guard(tp)
-    with _lock:
-        api = _BY_ADDRESS.get((address, guard))
-        if api is None:
-            api = _BY_ADDRESS[address, guard] = ExchangeAPI(address, guard)
+    # No lock (see exchange_api): two racing discoveries may each wrap the table; both wrappers
+    # are equivalent and setdefault keeps one.
+    api = _BY_ADDRESS.get((address, guard))
+    if api is None:
+        api = _BY_ADDRESS.setdefault((address, guard), ExchangeAPI(address, guard))
     return api
 
 

@@ -13,7 +13,7 @@ import ctypes
 import struct
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from dlpack_ctypes._blocks import (
     check_shape,
     contiguous_strides,
     export,
+    export_prepared,
+    prepare,
 )
 from dlpack_ctypes._numpy_rules import NUMPY_EXPORTER_KEEPS_RULES
 from dlpack_ctypes._views import HOST_DEVICES, host_view
@@ -218,7 +220,21 @@ class BufferExporter:
         BufferError: too many dimensions.
     """
 
-    __slots__ = ("_data", "_device", "_dtype", "_owner", "_readonly", "_shape", "_strides")
+    __slots__ = (
+        "_data",
+        "_device",
+        "_dtype",
+        "_owner",
+        "_prepared",
+        "_readonly",
+        "_shape",
+        "_strides",
+    )
+
+    # The packed versioned block of the plain export, made on the second one (None: none yet,
+    # False: one, which packed its own block: a one-off exporter gains nothing from preparing);
+    # later exports copy it instead of packing every field again.
+    _prepared: tuple[Any, bytes, int, int, int] | Literal[False] | None
 
     def __init__(
         self,
@@ -244,6 +260,7 @@ class BufferExporter:
             raise ValueError(f"unknown DLPack device type: {device=!r}")
         self._device = (device_type, int(device[1]))
         self._readonly = readonly
+        self._prepared = None
 
     @classmethod
     def from_numpy(cls, array: np.ndarray[Any, Any]) -> BufferExporter:
@@ -268,6 +285,7 @@ class BufferExporter:
         self._dtype = from_numpy_dtype(array.dtype)
         self._device = (1, 0)
         self._readonly = not flags.writeable
+        self._prepared = None
         return self
 
     def __dlpack_device__(self) -> tuple[DLDeviceType, int]:
@@ -299,6 +317,15 @@ class BufferExporter:
                            tuple(contiguous_strides(self._shape)), self._dtype, device,
                            versioned, DLPACK_FLAG_BITMASK_IS_COPIED)
         flags = DLPACK_FLAG_BITMASK_READ_ONLY if self._readonly else 0
+        if versioned and device is self._device:  # the plain request: device not relabelled
+            prepared = self._prepared
+            if prepared is None:
+                self._prepared = False
+            else:
+                if prepared is False:
+                    prepared = self._prepared = prepare(self._data, self._shape, self._strides,
+                                                        self._dtype, device, True, flags)
+                return export_prepared(self._owner, prepared, _ADDR_VERSIONED)
         return export(self._owner, self._data, self._shape, self._strides, self._dtype,
                        device, versioned, flags)
 
@@ -328,21 +355,24 @@ def numpy_dlpack(
             another device requested).
         TypeError: malformed arguments.
     """
-    capsule: CapsuleType = array.__dlpack__(max_version=max_version, dl_device=dl_device,
-                                            copy=copy)
-    if NUMPY_EXPORTER_KEEPS_RULES and max_version is not None and max_version[0] >= 1:
+    if dl_device is None and copy is None:  # the common request: fewer keywords to parse
+        capsule: CapsuleType = array.__dlpack__(max_version=max_version)
+    else:
+        capsule = array.__dlpack__(max_version=max_version, dl_device=dl_device, copy=copy)
+    if max_version is not None and NUMPY_EXPORTER_KEEPS_RULES and max_version[0] >= 1:
+        mem = _capi.MEM
         if _POINTER_OFFSET is None:
             ptr = _get_pointer(capsule, _ADDR_VERSIONED)
         else:
             # numpy names its capsules with one static string: once PyCapsule_GetPointer has
             # accepted a capsule with that name pointer, the next ones are read directly from
             # the capsule object (the field offsets are self-checked at import).
-            ptr, name = _unpack_pointer_and_name(_capi.MEM, id(capsule) + _POINTER_OFFSET)
+            ptr, name = _unpack_pointer_and_name(mem, id(capsule) + _POINTER_OFFSET)
             if name != _NUMPY_VERSIONED_NAME[0]:
                 ptr = _get_pointer(capsule, _ADDR_VERSIONED)
                 _NUMPY_VERSIONED_NAME[0] = name
         if ptr:
-            _pack_u32(_capi.MEM, ptr + 4, DLPACK_MINOR_VERSION)
+            _pack_u32(mem, ptr + 4, DLPACK_MINOR_VERSION)
     return capsule
 
 

@@ -119,6 +119,12 @@ _serialize_with_lengths: Callable[
     [npt.NDArray[Any]], tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint32] | None]
 ] = _first_serialize_with_lengths
 
+# Enum members read on hot paths: ``MemoryType.CPU`` costs ~70 ns, a module global ~8 ns.
+_CPU: Final = MemoryType.CPU
+_GPU: Final = MemoryType.GPU
+_BYTES: Final = TritonDtype.TYPE_BYTES
+_BF16: Final = TritonDtype.TYPE_BF16
+
 # numpy dtype.num -> TritonDtype for the numeric types DLPack carries (not BYTES, not BF16).
 _DIRECT_NUMPY: dict[int, TritonDtype] = {
     np.dtype(char).num: triton_dtype_from_numpy(np.dtype(char)) for char in "?bBhHiIlLqQefd"
@@ -152,11 +158,11 @@ class Tensor(TensorFields):
         dtype = triton_dtype_from_numpy(array.dtype)
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-        if dtype is not TritonDtype.TYPE_BYTES:
-            _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None, None)
+        if dtype is not _BYTES:
+            _fill(self, name, dtype, array.shape, _CPU, 0, array, None, None)
             return
         serialized, lengths = _serialize_with_lengths(array)
-        _fill(self, name, dtype, array.shape, MemoryType.CPU, 0, array, None, serialized)
+        _fill(self, name, dtype, array.shape, _CPU, 0, array, None, serialized)
         self._lengths = lengths
 
     # ----------------------------------------------------------------------------------------
@@ -233,7 +239,7 @@ class Tensor(TensorFields):
 
     @staticmethod
     def _from_array(name: str, array: np.ndarray[Any, Any], dtype: TritonDtype) -> Tensor:
-        return _fill(_new_tensor(Tensor), name, dtype, array.shape, MemoryType.CPU, 0, array,
+        return _fill(_new_tensor(Tensor), name, dtype, array.shape, _CPU, 0, array,
                      None, None)
 
     @staticmethod
@@ -259,7 +265,7 @@ class Tensor(TensorFields):
         array = self._array
         if array is not None:
             return array
-        if self._memory_type == MemoryType.GPU:
+        if self._memory_type == _GPU:
             raise TritonModelException(_GPU_NUMPY)
         return self._make_array()
 
@@ -267,7 +273,7 @@ class Tensor(TensorFields):
         imported = self._dl
         if imported is None:
             raise TritonModelException(f"Tensor {self._name!r} holds no host data")
-        if self._dtype == TritonDtype.TYPE_BF16:
+        if self._dtype == _BF16:
             try:
                 array = imported.numpy()
             except BufferError:
@@ -314,9 +320,9 @@ class Tensor(TensorFields):
             array is not None
             and stream is None
             and self._dl is None
-            and self._memory_type is MemoryType.CPU
-            and dtype is not TritonDtype.TYPE_BYTES
-            and dtype is not TritonDtype.TYPE_BF16
+            and self._memory_type is _CPU
+            and dtype is not _BYTES
+            and dtype is not _BF16
             and _NUMPY_EXPORTS
         ):
             # The common case first (a tensor made from a numpy array, exported to numpy,
