@@ -459,3 +459,50 @@ class ToDlpack:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (1, 0)
+
+
+# ================================================================================================
+# 6. Allocation-failure injection (_testcapi.set_nomemory) and whether this interpreter survives it
+
+# CPython 3.12.1 and 3.13.0 (seen on both) over-release a generator expression's code object
+# when allocating the expression's function object fails, so the next use of that expression
+# (or the next garbage collection) crashes. This program, which uses nothing of this project,
+# shows it; where it crashes, no allocation-failure test can say anything about this package.
+NOMEMORY_PROBE = """
+import _testcapi
+
+def f():
+    return tuple(d for d in (1, 2))
+
+_testcapi.set_nomemory(0, 1)  # fail the first allocation: the generator function object's
+try:
+    f()
+except MemoryError:
+    pass
+finally:
+    _testcapi.remove_mem_hooks()
+f()
+print("ok")
+"""
+_nomemory_skip: list[str | None] = []
+
+
+def nomemory_skip_reason() -> str | None:
+    """Why ``_testcapi.set_nomemory`` injection cannot run under this interpreter, or None."""
+    if not _nomemory_skip:
+        done = subprocess.run(
+            [sys.executable, "-c", NOMEMORY_PROBE], capture_output=True, text=True,
+            timeout=60, check=False,
+        )  # fmt: skip
+        if done.returncode == 0 and done.stdout == "ok\n":
+            _nomemory_skip.append(None)
+        elif "_testcapi" in done.stderr and "Error" in done.stderr.splitlines()[-1]:
+            _nomemory_skip.append("no _testcapi.set_nomemory in this build")
+        else:
+            _nomemory_skip.append(
+                f"CPython {sys.version.split()[0]} itself crashes (exit {done.returncode}) "
+                "under _testcapi.set_nomemory: a failed allocation of a generator expression's "
+                "function object over-releases its code object (tests/conftest.py "
+                "NOMEMORY_PROBE reproduces it without this project)"
+            )
+    return _nomemory_skip[0]
