@@ -392,7 +392,10 @@ for name, op in ops.items():
     except TritonModelException as exc:
         results[name] = str(exc)
 print(json.dumps(results), flush=True)
-os._exit(0)  # the tensor's view of the truncated pages must not be touched
+# The tensor's view of the truncated pages must not be touched, so no close(): unlink the
+# segment's name (all that close() would leave behind) and leave at once.
+os.unlink(os.path.join("/dev/shm", pool.name))
+os._exit(0)
 """
 
 
