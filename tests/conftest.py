@@ -128,15 +128,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
-    """Warn (not fail) about pool segments the session had to remove for its tests."""
+    """Warn (not fail) about pool segments the session had to remove for its tests.
+
+    The test named is the one during which the segment appeared: where other sessions share
+    /dev/shm at the same time, one of theirs can show up here too.
+    """
     if not _SEGMENTS_REMOVED:
         return
     left = dict((name, test) for test, name in _SEGMENTS_LEFT)
     terminalreporter.section("shared-memory segments left by tests", sep="-", yellow=True)
     for name in _SEGMENTS_REMOVED:
         terminalreporter.line(
-            f"WARNING: removed /dev/shm/{name} (creator gone), left by "
-            f"{left.get(name, 'an unknown test')}",
+            f"WARNING: removed /dev/shm/{name} (its creator is gone); it appeared during "
+            f"{left.get(name, 'no single test')}",
             yellow=True,
         )
 
