@@ -32,6 +32,7 @@ from __future__ import annotations
 
 # _thread, not threading: the same C locks and thread-local storage, without importing threading.
 import _thread
+import contextlib
 import ctypes
 import struct
 import sys
@@ -168,7 +169,11 @@ class ExchangeAPI:
                 return None
         except Exception:
             return None
-        (address,) = _unpack_ptr(_MEM, cell)
+        try:
+            (address,) = _unpack_ptr(_MEM, cell)  # allocates: a MemoryError must not leak it
+        except BaseException:
+            _discard(cell)
+            raise
         return _adopt(address, check=check) if address else None
 
     def current_work_stream(self, device_type: int, device_id: int) -> int:
@@ -185,6 +190,24 @@ class ExchangeAPI:
             )
         (stream,) = _unpack_ptr(_MEM, cell)
         return stream or 0
+
+
+class _Discarded(Exception):
+    pass
+
+
+def _refuse(tensor: DLPackTensor) -> None:
+    raise _Discarded
+
+
+def _discard(cell: int) -> None:
+    # The producer's new tensor is ours, but reading its address failed (MemoryError, or a
+    # signal handler raising): read it again and let adopt() call its deleter, which it does
+    # exactly once on every failure, here the refusing check's.
+    (address,) = _unpack_ptr(_MEM, cell)
+    if address:
+        with contextlib.suppress(_Discarded, BufferError):
+            _adopt(address, check=_refuse)
 
 
 # Wrappers by (table address, guard): a table lives for the process, so does its wrapper.

@@ -15,10 +15,10 @@ their references back. Each scenario runs in a subprocess.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import pytest
+from conftest import nomemory_skip_reason
 
 HARNESS = r"""
 import gc, os, sys, traceback
@@ -287,14 +287,11 @@ NOMEMORY_OPS = ["export_dropped", "export_versioned", "consume_ours", "from_nump
                 "numpy_of_ours", "tensor_export"]
 
 
-@pytest.mark.skipif(
-    sys.version_info >= (3, 12),
-    reason="CPython 3.12/3.13 themselves segfault under _testcapi.set_nomemory (seen in a "
-    "pure-Python generator expression building a tuple), so this build cannot run the check",
-)
 @pytest.mark.parametrize("op", NOMEMORY_OPS)
 def test_memory_error_at_every_allocation(run_python: Any, op: str) -> None:
-    pytest.importorskip("_testcapi")
+    reason = nomemory_skip_reason()
+    if reason:
+        pytest.skip(reason)
     result = run_python(HARNESS, "nomemory", op, timeout=600, dev_mode=False,
                         warnings_as_errors=False)
     report = result.stdout[-2000:] + result.stderr[-3000:]

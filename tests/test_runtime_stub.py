@@ -196,5 +196,5 @@ os._exit(0)
     # The creator died without closing the pool: its segment is left for the OS to reclaim
     # only by name, so remove it here to keep /dev/shm clean.
     path = os.path.join(SHM_DIR, pool_name)
-    if os.path.exists(path):
+    if os.path.lexists(path):  # a sealed pool's name is a link to the dead creator's fd
         os.unlink(path)

@@ -234,7 +234,7 @@ def _in_child(function: str, *args: str) -> dict[str, int]:
         )  # fmt: skip
     finally:
         leftover = os.path.join(shm.SHM_DIR, name)
-        if os.path.exists(leftover):  # only after a crash: the child could not unlink
+        if os.path.lexists(leftover):  # a crashed child could not unlink (lexists: a link)
             os.unlink(leftover)
     assert done.returncode == 0, f"child failed ({done.returncode}):\n{done.stderr}"
     result: dict[str, int] = json.loads(done.stdout.splitlines()[-1])
