@@ -84,7 +84,12 @@ def _load_all_before_fork() -> None:
     # have, and the child's first access to that module would wait forever. So the first fork
     # loads every module behind a lazy name (waiting for another thread's import in progress
     # through the import system's own locks); the child then never imports them.
-    for module in sorted(set(_LAZY.values())):
+    # The Tensor's own first-use imports count too: pickling (any pickled Tensor) and the
+    # records module of shared memory (only once the program has imported shared memory).
+    modules = set(_LAZY.values()) | {"pb_tensor._pickling"}
+    if "pb_tensor.shm" in sys.modules:
+        modules.add("pb_tensor.shm._tensors")
+    for module in sorted(modules):
         # A failing import raises again where the name is used; a fork must not fail for it.
         with contextlib.suppress(Exception):
             __import__(module)

@@ -526,3 +526,68 @@ def test_first_calls_bind_the_real_functions(run_python: RunPython) -> None:
         """,
     )
     assert out.strip() == "True"
+
+
+# Another thread's first pickling of a Tensor is held inside the import of the pickling module
+# (a loader that waits) while this thread forks: the fork hook must wait for that import to
+# finish, or the child would inherit its module lock held by a thread it does not have.
+_FORK_DURING_HELD_IMPORT = """
+import importlib.abc, importlib.machinery, os, pickle, sys, threading, time
+import numpy as np
+import pb_tensor
+
+started, go = threading.Event(), threading.Event()
+
+
+class HeldLoader(importlib.abc.Loader):
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        started.set()
+        go.wait()
+        self.real.exec_module(module)
+
+
+class HoldPickling(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "pb_tensor._pickling":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        spec.loader = HeldLoader(spec.loader)
+        return spec
+
+
+sys.meta_path.insert(0, HoldPickling())
+t = pb_tensor.Tensor("x", np.arange(3.0))
+thread = threading.Thread(target=pickle.dumps, args=(t,))
+thread.start()
+started.wait()
+threading.Timer(0.5, go.set).start()
+pid = os.fork()
+if pid == 0:
+    ok = pickle.loads(pickle.dumps(t)).as_numpy().tolist() == [0.0, 1.0, 2.0]
+    os._exit(0 if ok else 1)
+thread.join()
+deadline = time.monotonic() + 20
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print(os.waitstatus_to_exitcode(status))
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("hung")
+        break
+    time.sleep(0.01)
+"""
+
+
+def test_fork_while_another_thread_is_inside_a_first_use_import(run_python: RunPython) -> None:
+    proc = run_python(_FORK_DURING_HELD_IMPORT, timeout=120, dev_mode=False,
+                      warnings_as_errors=False)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "0"), proc.stderr[-2000:]
