@@ -248,3 +248,28 @@ def test_channel_refuses_gpu_tensors(repo: ModelRepository, fake: FakeCudaRuntim
     ours.close()
     theirs.close()
     del tensor
+
+
+def test_renamed_gpu_and_bf16_inputs_keep_their_memory(fake: FakeCudaRuntime) -> None:
+    # infer() renames a Tensor given under another input's name: the same memory under the new
+    # name, also for tensors that have no numpy view (GPU, BF16); BYTES goes through numpy.
+    import dlpack_ctypes as dl
+    from pb_tensor.runtime._values import to_tensor
+
+    host = np.arange(6, dtype=np.int32)
+    buffer = cuda.DeviceBuffer(host.nbytes, device=1)
+    capsule = dl.export_buffer(buffer, buffer.ptr, host.shape, None, dl.DataType(0, 32, 1),
+                               (2, 1))
+    gpu = Tensor.from_dlpack("OTHER", capsule)
+    renamed = to_tensor("IN", gpu)
+    assert (renamed.name(), renamed.is_cpu(), renamed.memory_type_id) == ("IN", False, 1)
+    assert renamed.data_ptr == gpu.data_ptr == buffer.ptr
+    strings = Tensor("OTHER", np.array([b"a", b"bc"], dtype=object))
+    assert to_tensor("IN", strings).as_numpy().tolist() == [b"a", b"bc"]
+    torch = pytest.importorskip("torch")
+    bf16 = Tensor.from_dlpack("OTHER", torch.arange(4, dtype=torch.bfloat16))
+    renamed = to_tensor("IN", bf16)
+    assert (renamed.name(), renamed.triton_dtype().name) == ("IN", "TYPE_BF16")
+    assert renamed.data_ptr == bf16.data_ptr
+    del gpu, renamed, bf16, capsule, buffer
+    gc.collect()

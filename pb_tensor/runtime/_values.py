@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pb_tensor import Tensor
+from pb_tensor import Tensor, TritonDtype
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._placement import place
 from pb_tensor.runtime._seam import InferenceResponse, PreferredMemory, TritonError
@@ -50,7 +50,10 @@ def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
     if isinstance(value, Tensor):
         if value.name() == name:
             return value
-        return Tensor(name, value.as_numpy())
+        if value.triton_dtype() is TritonDtype.TYPE_BYTES:
+            return Tensor(name, value.as_numpy())  # DLPack carries no strings
+        # The same memory under the input's name: GPU and BF16 tensors have no numpy view.
+        return Tensor.from_dlpack(name, value)
     if isinstance(value, np.ndarray):
         array = value
     elif hasattr(value, "__dlpack__") and not isinstance(value, (bytes, str)):
