@@ -13,6 +13,7 @@ import numpy as np
 
 import dlpack_ctypes as dl
 from dlpack_ctypes.abi import DLDeviceType
+from pb_tensor._first_use import first_use
 from pb_tensor._tensor_export import ctypes_export as _ctypes_export
 from pb_tensor._tensor_export import host_copy as _host_copy
 from pb_tensor._tensor_export import numpy_export as _numpy_export
@@ -60,6 +61,7 @@ _NUMPY_EXPORTS: Final = dl.NUMPY_EXPORTER_KEEPS_RULES
 # module does not import them. Each callable below starts as a binder: its first call imports
 # what it stands for, rebinds the module global to the real object and forwards the call; from
 # then on the hot paths call the real object directly (no check, no import statement per call).
+# The DLPack binder also binds the capsule type; the others are made by first_use().
 
 
 class _Unbound:
@@ -103,21 +105,13 @@ def _first_numpy_dlpack(
     return _numpy_dlpack(array, max_version=max_version, dl_device=dl_device, copy=copy)
 
 
-def _first_serialize_with_lengths(
-    array: npt.NDArray[Any],
-) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint32] | None]:
-    global _serialize_with_lengths
-    from pb_tensor.bytes_codec import serialize_with_lengths
-
-    _serialize_with_lengths = serialize_with_lengths
-    return serialize_with_lengths(array)
-
-
 _exchange_api: Callable[[type], ExchangeAPI | None] = _first_exchange_api
 _numpy_dlpack: Callable[..., CapsuleType] = _first_numpy_dlpack
 _serialize_with_lengths: Callable[
     [npt.NDArray[Any]], tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint32] | None]
-] = _first_serialize_with_lengths
+] = first_use(
+    globals(), "_serialize_with_lengths", "pb_tensor.bytes_codec", "serialize_with_lengths"
+)
 
 # Enum members read on hot paths: ``MemoryType.CPU`` costs ~70 ns, a module global ~8 ns.
 _CPU: Final = MemoryType.CPU
@@ -496,59 +490,10 @@ def _rebuild_tensor(header: object, payload: object, /) -> Tensor:
                  serialized)
 
 
-# Shared memory and pickling load on first use, as the DLPack machinery does (see above): each
-# binder imports its module once, rebinds the globals and forwards the call.
-
-
-def _bind_shm() -> None:
-    global _load_tensor, _save_tensor
-    from pb_tensor.shm._tensors import load_tensor, save_tensor
-
-    _load_tensor = load_tensor
-    _save_tensor = save_tensor
-
-
-def _first_save_tensor(tensor: Tensor, pool: SharedMemoryPool) -> int:
-    _bind_shm()
-    return _save_tensor(tensor, pool)
-
-
-def _first_load_tensor(
-    pool: SharedMemoryPool,
-    handle: int,
-    blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
-) -> Tensor:
-    _bind_shm()
-    return _load_tensor(pool, handle, blank)
-
-
-def _bind_pickling() -> None:
-    global _decode, _encode
-    from pb_tensor._pickling import decode, encode
-
-    _decode = decode
-    _encode = encode
-
-
-def _first_encode(
-    name: str,
-    dtype: TritonDtype,
-    dims: tuple[int, ...],
-    memory_type: MemoryType,
-    memory_type_id: int,
-    payload: np.ndarray[Any, Any],
-    protocol: int,
-) -> tuple[bytes, object]:
-    _bind_pickling()
-    return _encode(name, dtype, dims, memory_type, memory_type_id, payload, protocol)
-
-
-def _first_decode(header: object, payload: object) -> Decoded:
-    _bind_pickling()
-    return _decode(header, payload)
-
-
-_save_tensor: Callable[[Tensor, SharedMemoryPool], int] = _first_save_tensor
+# Shared memory and pickling load on first use, as the BYTES codec does (see above).
+_save_tensor: Callable[[Tensor, SharedMemoryPool], int] = first_use(
+    globals(), "_save_tensor", "pb_tensor.shm._tensors", "save_tensor"
+)
 _load_tensor: Callable[
     [
         SharedMemoryPool,
@@ -556,9 +501,11 @@ _load_tensor: Callable[
         Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
     ],
     Tensor,
-] = _first_load_tensor
+] = first_use(globals(), "_load_tensor", "pb_tensor.shm._tensors", "load_tensor")
 _encode: Callable[
     [str, TritonDtype, tuple[int, ...], MemoryType, int, np.ndarray[Any, Any], int],
     tuple[bytes, object],
-] = _first_encode
-_decode: Callable[[object, object], Decoded] = _first_decode
+] = first_use(globals(), "_encode", "pb_tensor._pickling", "encode")
+_decode: Callable[[object, object], Decoded] = first_use(
+    globals(), "_decode", "pb_tensor._pickling", "decode"
+)
