@@ -35,6 +35,14 @@ _P = TypeVar("_P")
 
 
 U8: Final = np.dtype(np.uint8)
+_block_ref: Final = heap.BLOCK_REF.unpack_from
+_BLOCK_HDR: Final = heap.BLOCK_HDR
+_HEADER_SIZE: Final = heap.HEADER_SIZE
+_DATA: Final = heap.DATA
+_ALIGN: Final = heap.ALIGN
+_BLOCK_MAGIC: Final = heap.BLOCK_MAGIC
+_FREE: Final = heap.FREE
+_END: Final = heap.END
 ndnew: Final = np.ndarray.__new__
 ndview: Final = np.ndarray.view
 
@@ -174,6 +182,30 @@ class LockedHeap:
 
     def _check_block(self, m: Mapping, handle: int, want: int | None) -> tuple[int, int, int, int]:
         """Validate the allocation at ``handle`` (lock held): state, nbytes, count, messages."""
+        # Every rule of _check_block_rules in one expression, for a valid block (the common
+        # case, on every load, save and drop); the rules one by one name what is wrong.
+        if type(handle) is int:
+            off = handle - _BLOCK_HDR
+            size_mapped = m.size
+            if off >= _HEADER_SIZE and off + _DATA <= size_mapped and not off % _ALIGN:
+                magic, state, size, _, nbytes, _, _, refcount, pending = _block_ref(m.mm, off)
+                if (
+                    magic == _BLOCK_MAGIC
+                    and _FREE < state < _END
+                    and refcount
+                    and size >= _DATA
+                    and not size % _ALIGN
+                    and off + size <= size_mapped - _ALIGN
+                    and nbytes <= size - _DATA
+                    and pending <= refcount
+                    and (want is None or state == want)
+                ):
+                    return state, nbytes, refcount, pending
+        return self._check_block_rules(m, handle, want)
+
+    def _check_block_rules(
+        self, m: Mapping, handle: int, want: int | None
+    ) -> tuple[int, int, int, int]:
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise TritonModelException(
                 f"Shared memory handle must be an int, not {type(handle).__name__}"

@@ -17,6 +17,7 @@ import dlpack_ctypes as dl
 from pb_tensor import bytes_codec, shm
 from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_dlpack
 from pb_tensor.errors import TritonModelException
+from pb_tensor.shm._records import SMALL_PAYLOAD, save_small_held
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
     from pb_tensor.tensor import Tensor
 
 __all__ = ["load_tensor", "save_tensor"]
+
+_ndview = np.ndarray.view
+# Serialized (BYTES) or kept through DLPack (BF16): these always take the general path.
+_GENERAL_ONLY = frozenset((TritonDtype.TYPE_BYTES, TritonDtype.TYPE_BF16))
+_DTYPES = {int(t): t for t in TritonDtype}
+_MEMORY_TYPES = {int(t): t for t in MemoryType}
 
 # GPU tensors this process saved, by (pid, IPC handle, offset). CUDA cannot open an IPC handle
 # in the process that made it, so a load here reuses the saving tensor's memory instead.
@@ -87,6 +94,26 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
 def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
     dtype = tensor._dtype
     dims = tensor._dims
+    array = tensor._array
+    if (
+        array is not None
+        and array.nbytes <= SMALL_PAYLOAD
+        and tensor._memory_type != MemoryType.GPU
+        and dtype not in _GENERAL_ONLY
+        and array.shape == dims
+        and array.flags.c_contiguous
+        and tensor._name.isascii()
+    ):
+        # The small-transfer path: a numeric CPU array, nothing for the general path's checks
+        # to find; the same record and the same adoption (_adopt) as the general path.
+        record = save_small_held(pool, tensor._name, int(dtype), array)
+        cell[0] = record.handle  # no call since the save returned: nothing could interrupt
+        tensor._array = _ndview(record.payload, numpy_dtype_of(dtype)).reshape(dims)
+        tensor._dl = None
+        tensor._memory_type = MemoryType.CPU
+        tensor._memory_id = 0
+        tensor._shm = (pool, record.handle, record.payload)
+        return
     if tensor._memory_type == MemoryType.GPU:
         _save_gpu(tensor, pool, cell)
         return
@@ -226,14 +253,14 @@ def _build(
     record: shm.TensorRecord,
     blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
 ) -> Tensor:
-    try:
-        dtype = TritonDtype(record.dtype)
-        memory_type = MemoryType(record.memory_type)
-    except ValueError:
+    # Looked up rather than called: an enum call costs more than the rest of this function.
+    dtype = _DTYPES.get(record.dtype)
+    memory_type = _MEMORY_TYPES.get(record.memory_type)
+    if dtype is None or memory_type is None:
         raise TritonModelException(
             f"Corrupted tensor record at shared memory handle {handle}: "
             f"dtype {record.dtype} / memory_type {record.memory_type} unknown"
-        ) from None
+        )
     if dtype == TritonDtype.TYPE_INVALID:
         raise TritonModelException(
             f"Corrupted tensor record at shared memory handle {handle}: dtype 0 (TYPE_INVALID) "
@@ -261,5 +288,8 @@ def _build(
                 f"Corrupted tensor record at shared memory handle {handle}: BYTES payload {exc}"
             ) from None
         return tensor
-    _adopt(tensor, record)
+    if dtype in _GENERAL_ONLY:
+        _adopt(tensor, record)
+    else:  # _adopt's numeric case, inline
+        tensor._array = _ndview(record.payload, numpy_dtype_of(dtype)).reshape(record.dims)
     return tensor
