@@ -27,6 +27,7 @@ from pb_tensor.shm._record_layout import (
     MEMORY_GPU,
     TENSOR_SHM,
     U64_MAX,
+    RecordFields,
     TensorRecord,
     check_byte_size,
     checked_int,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "load_appendix",
     "load_record",
+    "record_of",
     "release",
     "save_and_load_record",
     "save_record",
@@ -402,14 +404,19 @@ def load_record(
     payload = _ndview(holder, np.ndarray)
     if readonly:
         payload.flags.writeable = False
+    record = record_of(handle, fields, payload)
+    holder._claimed = True
+    return record
+
+
+def record_of(handle: int, fields: RecordFields, payload: npt.NDArray[np.uint8]) -> TensorRecord:
+    """The :class:`TensorRecord` of a record read by ``parse_record`` and its payload view."""
     name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset, release_id = fields
-    record = _new_record(
+    return _new_record(
         TensorRecord,
         (handle, name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset,
          release_id, payload.tobytes() if memory_type == MEMORY_GPU else None, payload),
     )  # fmt: skip
-    holder._claimed = True
-    return record
 
 
 # Building the NamedTuple through tuple.__new__ skips its Python-level __new__ (0.3 us -> 0.1).

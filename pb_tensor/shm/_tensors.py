@@ -17,7 +17,9 @@ import dlpack_ctypes as dl
 from pb_tensor import bytes_codec, shm
 from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_dlpack
 from pb_tensor.errors import TritonModelException
-from pb_tensor.shm._records import SMALL_PAYLOAD, save_small_held
+from pb_tensor.shm._heap import RECORD
+from pb_tensor.shm._record_layout import MEMORY_GPU, parse_record
+from pb_tensor.shm._records import SMALL_PAYLOAD, record_of, save_small_held
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -31,6 +33,12 @@ _ndview = np.ndarray.view
 _GENERAL_ONLY = frozenset((TritonDtype.TYPE_BYTES, TritonDtype.TYPE_BF16))
 _DTYPES = {int(t): t for t in TritonDtype}
 _MEMORY_TYPES = {int(t): t for t in MemoryType}
+# The element type of each numeric dtype: loaded as a plain numpy view.
+_NUMERIC = {
+    int(t): numpy_dtype_of(t)
+    for t in TritonDtype
+    if t not in _GENERAL_ONLY and t != TritonDtype.TYPE_INVALID
+}
 
 # GPU tensors this process saved, by (pid, IPC handle, offset). CUDA cannot open an IPC handle
 # in the process that made it, so a load here reuses the saving tensor's memory instead.
@@ -237,13 +245,26 @@ def load_tensor(
     """A Tensor viewing the record at ``handle``; GPU records open the CUDA IPC handle.
 
     ``blank(name, dtype, dims, memory_type, memory_type_id)`` makes a tensor with no data yet."""
-    record = shm.load_record(pool, handle, take=True)
+    # shm.load_record(pool, handle, take=True), with the numeric CPU tensor built straight from
+    # the parsed fields (no TensorRecord on the way): the small-transfer path of a load.
+    fields, holder = pool._hold(handle, RECORD, True, parse_record)
+    # Until `_claimed` is set, the holder dying gives the taken message back to the record.
+    payload = _ndview(holder, np.ndarray)
     try:
-        return _build(pool, handle, record, blank)
+        name, dtype, dims, memory_type, memory_type_id = fields[:5]
+        element = _NUMERIC.get(dtype)
+        if element is not None and memory_type != MEMORY_GPU:
+            tensor = blank(name, _DTYPES[dtype], dims, _MEMORY_TYPES[memory_type], memory_type_id)
+            tensor._shm = (pool, handle, payload)
+            tensor._array = _ndview(payload, element).reshape(dims)
+        else:
+            tensor = _build(pool, handle, record_of(handle, fields, payload), blank)
+        holder._claimed = True
+        return tensor
     except BaseException:
         # A failed (or interrupted) load leaves the record as it found it: the message it
         # took is pending again, for another load or a release.
-        pool._untake(record.payload)
+        pool._untake(payload)
         raise
 
 
