@@ -43,6 +43,9 @@ _ALIGN: Final = heap.ALIGN
 _BLOCK_MAGIC: Final = heap.BLOCK_MAGIC
 _FREE: Final = heap.FREE
 _END: Final = heap.END
+_u64: Final = heap.U64.unpack_from
+_OFF_DIRTY: Final = heap.OFF_DIRTY
+_OFF_BROKEN: Final = heap.OFF_BROKEN
 ndnew: Final = np.ndarray.__new__
 ndview: Final = np.ndarray.view
 
@@ -118,9 +121,11 @@ class LockedHeap:
     ) -> tuple[Mapping, Held | None]:
         if not token & SWEEP_EVERY:
             self._sweep_locked(m)  # first: it may free blocks
-        need = heap.block_size(nbytes)
-        heap.check_heap(m.mm, m.size, self._name)
-        off = heap.find_fit(m.mm, need, m.size, self._name)
+        need = _DATA + ((nbytes + _ALIGN - 1) & -_ALIGN)  # heap.block_size, inline
+        mm = m.mm
+        if _u64(mm, _OFF_DIRTY)[0] or _u64(mm, _OFF_BROKEN)[0]:  # what check_heap looks at
+            heap.check_heap(mm, m.size, self._name)
+        off = heap.find_fit(mm, need, m.size, self._name)
         if off == 0:
             m = self._grow(m, need, nbytes)
             off = heap.find_fit(m.mm, need, m.size, self._name)
