@@ -358,8 +358,10 @@ class LockedHeap:
             if refcount > 1:
                 heap.REF.pack_into(m.mm, handle, refcount - 1, new_pending)
             else:
-                heap.check_heap(m.mm, m.size, self._name)
-                heap.free_block(m.mm, handle - heap.BLOCK_HDR, self._name)
+                mm = m.mm
+                if _u64(mm, _OFF_DIRTY)[0] or _u64(mm, _OFF_BROKEN)[0]:  # check_heap's test
+                    heap.check_heap(mm, m.size, self._name)
+                heap.free_block(mm, handle - heap.BLOCK_HDR, self._name)
             if token:
                 del self._owners[token]
         except TritonModelException:
