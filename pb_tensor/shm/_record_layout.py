@@ -199,9 +199,21 @@ _last_layout: list[tuple[int, int, struct.Struct, int]] = [
 ]
 
 
+_layouts: dict[tuple[int, int], tuple[int, int, struct.Struct, int]] = {}
+
+
 def _remember_layout(ndim: int, name_len: int) -> None:
-    full = struct.Struct(f"=qi4xQ{ndim}qqQ{name_len}sQ?7xQi4xqQQ")
-    _last_layout[0] = (ndim, name_len, full, record_payload_offset(ndim, name_len))
+    # Kept per layout, so that records of two layouts in turn (an input and an output) do not
+    # build a struct on every parse.
+    key = (ndim, name_len)
+    layout = _layouts.get(key)
+    if layout is None:
+        full = struct.Struct(f"=qi4xQ{ndim}qqQ{name_len}sQ?7xQi4xqQQ")
+        layout = (ndim, name_len, full, record_payload_offset(ndim, name_len))
+        if len(_layouts) >= _STRUCT_CACHE_MAX:
+            _layouts.clear()
+        _layouts[key] = layout
+    _last_layout[0] = layout
 
 
 def parse_record(m: Mapping, handle: int, nbytes: int) -> tuple[RecordFields, int, int]:
