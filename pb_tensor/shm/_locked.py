@@ -35,6 +35,17 @@ _P = TypeVar("_P")
 
 
 U8: Final = np.dtype(np.uint8)
+_block_ref: Final = heap.BLOCK_REF.unpack_from
+_BLOCK_HDR: Final = heap.BLOCK_HDR
+_HEADER_SIZE: Final = heap.HEADER_SIZE
+_DATA: Final = heap.DATA
+_ALIGN: Final = heap.ALIGN
+_BLOCK_MAGIC: Final = heap.BLOCK_MAGIC
+_FREE: Final = heap.FREE
+_END: Final = heap.END
+_u64: Final = heap.U64.unpack_from
+_OFF_DIRTY: Final = heap.OFF_DIRTY
+_OFF_BROKEN: Final = heap.OFF_BROKEN
 ndnew: Final = np.ndarray.__new__
 ndview: Final = np.ndarray.view
 
@@ -110,9 +121,11 @@ class LockedHeap:
     ) -> tuple[Mapping, Held | None]:
         if not token & SWEEP_EVERY:
             self._sweep_locked(m)  # first: it may free blocks
-        need = heap.block_size(nbytes)
-        heap.check_heap(m.mm, m.size, self._name)
-        off = heap.find_fit(m.mm, need, m.size, self._name)
+        need = _DATA + ((nbytes + _ALIGN - 1) & -_ALIGN)  # heap.block_size, inline
+        mm = m.mm
+        if _u64(mm, _OFF_DIRTY)[0] or _u64(mm, _OFF_BROKEN)[0]:  # what check_heap looks at
+            heap.check_heap(mm, m.size, self._name)
+        off = heap.find_fit(mm, need, m.size, self._name)
         if off == 0:
             m = self._grow(m, need, nbytes)
             off = heap.find_fit(m.mm, need, m.size, self._name)
@@ -174,6 +187,30 @@ class LockedHeap:
 
     def _check_block(self, m: Mapping, handle: int, want: int | None) -> tuple[int, int, int, int]:
         """Validate the allocation at ``handle`` (lock held): state, nbytes, count, messages."""
+        # Every rule of _check_block_rules in one expression, for a valid block (the common
+        # case, on every load, save and drop); the rules one by one name what is wrong.
+        if type(handle) is int:
+            off = handle - _BLOCK_HDR
+            size_mapped = m.size
+            if off >= _HEADER_SIZE and off + _DATA <= size_mapped and not off % _ALIGN:
+                magic, state, size, _, nbytes, _, _, refcount, pending = _block_ref(m.mm, off)
+                if (
+                    magic == _BLOCK_MAGIC
+                    and _FREE < state < _END
+                    and refcount
+                    and size >= _DATA
+                    and not size % _ALIGN
+                    and off + size <= size_mapped - _ALIGN
+                    and nbytes <= size - _DATA
+                    and pending <= refcount
+                    and (want is None or state == want)
+                ):
+                    return state, nbytes, refcount, pending
+        return self._check_block_rules(m, handle, want)
+
+    def _check_block_rules(
+        self, m: Mapping, handle: int, want: int | None
+    ) -> tuple[int, int, int, int]:
         if isinstance(handle, bool) or not isinstance(handle, int):
             raise TritonModelException(
                 f"Shared memory handle must be an int, not {type(handle).__name__}"
@@ -321,8 +358,10 @@ class LockedHeap:
             if refcount > 1:
                 heap.REF.pack_into(m.mm, handle, refcount - 1, new_pending)
             else:
-                heap.check_heap(m.mm, m.size, self._name)
-                heap.free_block(m.mm, handle - heap.BLOCK_HDR, self._name)
+                mm = m.mm
+                if _u64(mm, _OFF_DIRTY)[0] or _u64(mm, _OFF_BROKEN)[0]:  # check_heap's test
+                    heap.check_heap(mm, m.size, self._name)
+                heap.free_block(mm, handle - heap.BLOCK_HDR, self._name)
             if token:
                 del self._owners[token]
         except TritonModelException:

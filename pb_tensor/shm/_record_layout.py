@@ -78,6 +78,9 @@ _U64 = struct.Struct("=Q")
 _tail_structs: dict[tuple[int, int], struct.Struct] = {}
 _header_structs: dict[tuple[int, int], struct.Struct] = {}
 _STRUCT_CACHE_MAX: Final = 1024
+# Layouts up to these sizes are remembered for the one-read path of parse_record.
+_FAST_DIMS: Final = 8
+_FAST_NAME: Final = 256
 
 
 def _tail_struct(ndim: int, name_len: int) -> struct.Struct:
@@ -189,10 +192,81 @@ def _corrupt(handle: int, field: str, detail: str) -> TritonModelException:
 RecordFields = tuple[str, int, tuple[int, ...], int, int, int, int, int]
 
 
+# The layout of the last record parsed here: (dims count, name length, the struct that reads
+# its whole header, payload offset). A record of the same layout is read in one struct call.
+_last_layout: list[tuple[int, int, struct.Struct, int]] = [
+    (0, 0, struct.Struct("=qi4xQqQ0sQ?7xQi4xqQQ"), record_payload_offset(0, 0))
+]
+
+
+_layouts: dict[tuple[int, int], tuple[int, int, struct.Struct, int]] = {}
+
+
+def _remember_layout(ndim: int, name_len: int) -> None:
+    # Kept per layout, so that records of two layouts in turn (an input and an output) do not
+    # build a struct on every parse.
+    key = (ndim, name_len)
+    layout = _layouts.get(key)
+    if layout is None:
+        full = struct.Struct(f"=qi4xQ{ndim}qqQ{name_len}sQ?7xQi4xqQQ")
+        layout = (ndim, name_len, full, record_payload_offset(ndim, name_len))
+        if len(_layouts) >= _STRUCT_CACHE_MAX:
+            _layouts.clear()
+        _layouts[key] = layout
+    _last_layout[0] = layout
+
+
 def parse_record(m: Mapping, handle: int, nbytes: int) -> tuple[RecordFields, int, int]:
     """Check and decode the record at ``handle``: the fields, and the payload's offset from
-    the record start and length. Three struct reads: TensorShm, the name length, then dims,
-    name and MemoryShm at once."""
+    the record start and length.
+
+    A CPU record with the layout (dims count, name length) of the last record parsed, and
+    every field valid, is read in one struct call; anything else (other layouts, GPU records,
+    and every record that breaks a rule) takes the checked path below, which reads it in
+    three (TensorShm, the name length, then dims, name and MemoryShm at once) and raises the
+    error naming the field."""
+    mm = m.mm
+    g_ndim, g_name_len, full, poff = _last_layout[0]
+    if nbytes >= full.size:  # the read stays inside the allocation
+        f = full.unpack_from(mm, handle + PREFIX)
+        dtype = f[1]
+        if (
+            f[0] == 0
+            and f[2] == g_ndim
+            and f[g_ndim + 4] == g_name_len
+            and 0 < dtype <= DTYPE_MAX
+        ):
+            dims = f[3 : 3 + g_ndim]
+            count = math.prod(dims)
+            gpu_offset, _, _, memory_type, memory_type_id, byte_size, release_id = f[
+                g_ndim + 6 :
+            ]
+            try:
+                name = f[g_ndim + 5].decode("utf-8")
+            except UnicodeDecodeError:
+                name = None
+            # Elements of a fixed-size type fill byte_size exactly, so a non-zero product of
+            # non-negative dims that matches byte_size is what dims_fit and check_byte_size
+            # accept; BYTES (item size 0) needs a 4-byte length per element (a zero
+            # dimension, rare, goes the checked way).
+            itemsize = _ITEMSIZE[dtype]
+            if (
+                name is not None
+                and count > 0
+                and (not g_ndim or min(dims) >= 0)
+                and 8 * count <= I64_MAX
+                and (byte_size == count * itemsize if itemsize else byte_size >= 4 * count)
+                and MEMORY_CPU <= memory_type < MEMORY_GPU
+                and memory_type_id >= 0
+                and poff + byte_size <= nbytes
+            ):
+                fields = (name, dtype, dims, memory_type, memory_type_id, byte_size,
+                          gpu_offset, release_id)  # fmt: skip
+                return fields, poff, byte_size
+    return _parse_checked(m, handle, nbytes)
+
+
+def _parse_checked(m: Mapping, handle: int, nbytes: int) -> tuple[RecordFields, int, int]:
     mm = m.mm
     start = handle + PREFIX
     # The block header was checked: [start, start + nbytes) lies inside the mapping.
@@ -241,4 +315,6 @@ def parse_record(m: Mapping, handle: int, nbytes: int) -> tuple[RecordFields, in
             "(4-byte length each)",
         )  # fmt: skip
     fields = (name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset, release_id)
+    if (ndim, name_len) != _last_layout[0][:2] and ndim <= _FAST_DIMS and name_len <= _FAST_NAME:
+        _remember_layout(ndim, name_len)
     return fields, poff, payload_len

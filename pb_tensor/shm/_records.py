@@ -8,6 +8,7 @@ decoding of a stored record are in :mod:`pb_tensor.shm._record_layout`.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -26,6 +27,7 @@ from pb_tensor.shm._record_layout import (
     MEMORY_GPU,
     TENSOR_SHM,
     U64_MAX,
+    RecordFields,
     TensorRecord,
     check_byte_size,
     checked_int,
@@ -44,14 +46,17 @@ if TYPE_CHECKING:
 __all__ = [
     "load_appendix",
     "load_record",
+    "record_of",
     "release",
     "save_and_load_record",
     "save_record",
+    "save_small_held",
 ]
 
 # Payloads up to this size are copied with one mmap slice assignment (no numpy destination).
 _SMALL: Final = 1 << 16
 _ndview: Final = np.ndarray.view
+_DIMS_AT: Final = TENSOR_SHM.size  # the dims follow TensorShm
 
 
 def _source(payload: npt.NDArray[Any] | Buffer, byte_size: int) -> npt.NDArray[np.generic]:
@@ -267,6 +272,69 @@ def _save(
             pool._op(pool._drop_locked, cell[0], RECORD, True, 0)
 
 
+# (ndim, name length) -> (header struct, payload offset) for save_small_held.
+_small_headers: dict[tuple[int, int], tuple[struct.Struct, int]] = {}
+SMALL_PAYLOAD: Final = _SMALL
+"""The largest payload :func:`save_small_held` takes (bytes)."""
+
+
+def _small_header(ndim: int, name_len: int) -> tuple[struct.Struct, int]:
+    poff = record_payload_offset(ndim, name_len)
+    entry = (header_struct(ndim, name_len, poff - FIXED - 8 * ndim - name_len), poff)
+    if len(_small_headers) >= 1024:
+        _small_headers.clear()
+    _small_headers[(ndim, name_len)] = entry
+    return entry
+
+
+def save_small_held(
+    pool: SharedMemoryPool, name: str, dtype: int, src: npt.NDArray[Any]
+) -> TensorRecord:
+    """:func:`save_and_load_record` of a small CPU array, for a caller that vouches for it.
+
+    The small-transfer path of ``Tensor.save_to_shared_memory``: the record is the one
+    :func:`save_and_load_record` would write (same bytes, same references, one lock cycle),
+    without re-checking what the caller guarantees: ``src`` is a C-contiguous numeric array
+    of at most :data:`SMALL_PAYLOAD` bytes whose element type is ``dtype``'s (not BYTES),
+    ``name`` is ASCII, and the dims are ``src.shape``. Anything else takes the general path.
+
+    Raises:
+        TritonModelException: the pool is closed, or it cannot grow enough.
+    """
+    dims = src.shape
+    ndim = len(dims)
+    name_len = len(name)  # ASCII: one byte a character
+    entry = _small_headers.get((ndim, name_len))
+    if entry is None:
+        entry = _small_header(ndim, name_len)
+    header, poff = entry
+    nbytes = src.nbytes
+    cell = [0]  # the message, ours until handed over (as in _save)
+    try:
+        m, holder = pool._allocate(poff + nbytes, RECORD, 2, 1, cell, (poff, nbytes))
+        handle = cell[0]
+        if holder is None:  # pragma: no cover - a view was asked for
+            raise TritonModelException("internal error: no holder from a held allocation")
+        start = handle + PREFIX
+        mm = m.mm
+        header.pack_into(
+            mm, start, 0, dtype, ndim, *dims, start + _DIMS_AT + 8 * ndim, name_len,
+            name.encode(), 0, False, 0, MEMORY_CPU, 0, nbytes, 0,
+        )  # fmt: skip
+        at = start + poff
+        mm[at : at + nbytes] = src.data  # one buffer copy (C-contiguous)
+        record = _new_record(
+            TensorRecord,
+            (handle, name, dtype, dims, MEMORY_CPU, 0, nbytes, 0, 0, None,
+             _ndview(holder, np.ndarray)),
+        )  # fmt: skip
+        cell[0] = 0  # handed over: nothing that can raise until the return
+        return record
+    finally:
+        if cell[0]:
+            pool._op(pool._drop_locked, cell[0], RECORD, True, 0)
+
+
 def _appendix_at(payload_len: int) -> int:
     """Offset of the appendix from the payload start: the payload's end, 8-byte aligned."""
     return (payload_len + 7) & -8
@@ -336,14 +404,19 @@ def load_record(
     payload = _ndview(holder, np.ndarray)
     if readonly:
         payload.flags.writeable = False
+    record = record_of(handle, fields, payload)
+    holder._claimed = True
+    return record
+
+
+def record_of(handle: int, fields: RecordFields, payload: npt.NDArray[np.uint8]) -> TensorRecord:
+    """The :class:`TensorRecord` of a record read by ``parse_record`` and its payload view."""
     name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset, release_id = fields
-    record = _new_record(
+    return _new_record(
         TensorRecord,
         (handle, name, dtype, dims, memory_type, memory_type_id, byte_size, gpu_offset,
          release_id, payload.tobytes() if memory_type == MEMORY_GPU else None, payload),
     )  # fmt: skip
-    holder._claimed = True
-    return record
 
 
 # Building the NamedTuple through tuple.__new__ skips its Python-level __new__ (0.3 us -> 0.1).

@@ -17,6 +17,9 @@ import dlpack_ctypes as dl
 from pb_tensor import bytes_codec, shm
 from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_dlpack
 from pb_tensor.errors import TritonModelException
+from pb_tensor.shm._heap import RECORD
+from pb_tensor.shm._record_layout import MEMORY_GPU, parse_record
+from pb_tensor.shm._records import SMALL_PAYLOAD, record_of, save_small_held
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,6 +27,18 @@ if TYPE_CHECKING:
     from pb_tensor.tensor import Tensor
 
 __all__ = ["load_tensor", "save_tensor"]
+
+_ndview = np.ndarray.view
+# Serialized (BYTES) or kept through DLPack (BF16): these always take the general path.
+_GENERAL_ONLY = frozenset((TritonDtype.TYPE_BYTES, TritonDtype.TYPE_BF16))
+_DTYPES = {int(t): t for t in TritonDtype}
+_MEMORY_TYPES = {int(t): t for t in MemoryType}
+# The element type of each numeric dtype: loaded as a plain numpy view.
+_NUMERIC = {
+    int(t): numpy_dtype_of(t)
+    for t in TritonDtype
+    if t not in _GENERAL_ONLY and t != TritonDtype.TYPE_INVALID
+}
 
 # GPU tensors this process saved, by (pid, IPC handle, offset). CUDA cannot open an IPC handle
 # in the process that made it, so a load here reuses the saving tensor's memory instead.
@@ -87,6 +102,26 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
 def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
     dtype = tensor._dtype
     dims = tensor._dims
+    array = tensor._array
+    if (
+        array is not None
+        and array.nbytes <= SMALL_PAYLOAD
+        and tensor._memory_type != MemoryType.GPU
+        and dtype not in _GENERAL_ONLY
+        and array.shape == dims
+        and array.flags.c_contiguous
+        and tensor._name.isascii()
+    ):
+        # The small-transfer path: a numeric CPU array, nothing for the general path's checks
+        # to find; the same record and the same adoption (_adopt) as the general path.
+        record = save_small_held(pool, tensor._name, int(dtype), array)
+        cell[0] = record.handle  # no call since the save returned: nothing could interrupt
+        tensor._array = _ndview(record.payload, numpy_dtype_of(dtype)).reshape(dims)
+        tensor._dl = None
+        tensor._memory_type = MemoryType.CPU
+        tensor._memory_id = 0
+        tensor._shm = (pool, record.handle, record.payload)
+        return
     if tensor._memory_type == MemoryType.GPU:
         _save_gpu(tensor, pool, cell)
         return
@@ -210,13 +245,26 @@ def load_tensor(
     """A Tensor viewing the record at ``handle``; GPU records open the CUDA IPC handle.
 
     ``blank(name, dtype, dims, memory_type, memory_type_id)`` makes a tensor with no data yet."""
-    record = shm.load_record(pool, handle, take=True)
+    # shm.load_record(pool, handle, take=True), with the numeric CPU tensor built straight from
+    # the parsed fields (no TensorRecord on the way): the small-transfer path of a load.
+    fields, holder = pool._hold(handle, RECORD, True, parse_record)
+    # Until `_claimed` is set, the holder dying gives the taken message back to the record.
+    payload = _ndview(holder, np.ndarray)
     try:
-        return _build(pool, handle, record, blank)
+        name, dtype, dims, memory_type, memory_type_id = fields[:5]
+        element = _NUMERIC.get(dtype)
+        if element is not None and memory_type != MEMORY_GPU:
+            tensor = blank(name, _DTYPES[dtype], dims, _MEMORY_TYPES[memory_type], memory_type_id)
+            tensor._shm = (pool, handle, payload)
+            tensor._array = _ndview(payload, element).reshape(dims)
+        else:
+            tensor = _build(pool, handle, record_of(handle, fields, payload), blank)
+        holder._claimed = True
+        return tensor
     except BaseException:
         # A failed (or interrupted) load leaves the record as it found it: the message it
         # took is pending again, for another load or a release.
-        pool._untake(record.payload)
+        pool._untake(payload)
         raise
 
 
@@ -226,14 +274,14 @@ def _build(
     record: shm.TensorRecord,
     blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
 ) -> Tensor:
-    try:
-        dtype = TritonDtype(record.dtype)
-        memory_type = MemoryType(record.memory_type)
-    except ValueError:
+    # Looked up rather than called: an enum call costs more than the rest of this function.
+    dtype = _DTYPES.get(record.dtype)
+    memory_type = _MEMORY_TYPES.get(record.memory_type)
+    if dtype is None or memory_type is None:
         raise TritonModelException(
             f"Corrupted tensor record at shared memory handle {handle}: "
             f"dtype {record.dtype} / memory_type {record.memory_type} unknown"
-        ) from None
+        )
     if dtype == TritonDtype.TYPE_INVALID:
         raise TritonModelException(
             f"Corrupted tensor record at shared memory handle {handle}: dtype 0 (TYPE_INVALID) "
@@ -261,5 +309,8 @@ def _build(
                 f"Corrupted tensor record at shared memory handle {handle}: BYTES payload {exc}"
             ) from None
         return tensor
-    _adopt(tensor, record)
+    if dtype in _GENERAL_ONLY:
+        _adopt(tensor, record)
+    else:  # _adopt's numeric case, inline
+        tensor._array = _ndview(record.payload, numpy_dtype_of(dtype)).reshape(record.dims)
     return tensor
