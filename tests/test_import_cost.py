@@ -64,8 +64,11 @@ DLPACK_CTYPES_EAGER = {
     "gc",
 }
 
+# __future__ is loaded by any module's `from __future__ import` statement: counted as already
+# there (some numpy installs load it, others do not).
 _ADDED = """
 import sys
+import __future__
 import numpy
 before = set(sys.modules)
 {statement}
