@@ -24,7 +24,7 @@ from dlpack_ctypes.abi import (
 )
 from dlpack_ctypes.dtypes import VALID_BITS, DataType
 
-__all__ = ["DELETERS", "DLPackTensor", "adopt", "blank", "deleter_for", "fill"]
+__all__ = ["DELETERS", "DLPackTensor", "adopt", "blank", "deleter_for", "fill", "release_versioned"]
 
 _MEM: Final = _capi.MEM
 _VERSIONED_HEAD = struct.Struct("@IIPPQ")  # version, manager_ctx, deleter, flags
@@ -432,13 +432,17 @@ def adopt(
         # Interrupted before _fn was first set, or before it was set to the deleter: the
         # tensor does not own the struct, so it is released here.
         if tensor is None or getattr(tensor, "_fn", None) is None:
-            _release_versioned(ptr)
+            release_versioned(ptr)
         raise
     return tensor
 
 
-def _release_versioned(ptr: int) -> None:
-    # The major-version rule allows calling the deleter of any version ("it is safe to do so").
+def release_versioned(ptr: int) -> None:
+    """Call the deleter of the ``DLManagedTensorVersioned`` at ``ptr`` (if it has one).
+
+    For a struct this process owns and will not adopt. The major-version rule allows calling
+    the deleter of any version ("it is safe to do so").
+    """
     deleter = _unpack_versioned(_MEM, ptr)[3]
     if deleter:
         deleter_for(deleter)(ptr)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 # _thread, not threading: the same C locks and thread-local storage, without importing threading.
 import _thread
-import contextlib
 import ctypes
 import struct
 import sys
@@ -40,7 +39,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from dlpack_ctypes import _capi
-from dlpack_ctypes._tensor import DLPackTensor, adopt
+from dlpack_ctypes._tensor import DLPackTensor, adopt, release_versioned
 from dlpack_ctypes.abi import (
     DLPACK_MAJOR_VERSION,
     NAME_DLPACK_EXCHANGE_API,
@@ -192,22 +191,12 @@ class ExchangeAPI:
         return stream or 0
 
 
-class _Discarded(Exception):
-    pass
-
-
-def _refuse(tensor: DLPackTensor) -> None:
-    raise _Discarded
-
-
 def _discard(cell: int) -> None:
     # The producer's new tensor is ours, but reading its address failed (MemoryError, or a
-    # signal handler raising): read it again and let adopt() call its deleter, which it does
-    # exactly once on every failure, here the refusing check's.
+    # signal handler raising): read it again and call its deleter, as adopt() does on failure.
     (address,) = _unpack_ptr(_MEM, cell)
     if address:
-        with contextlib.suppress(_Discarded, BufferError):
-            _adopt(address, check=_refuse)
+        release_versioned(address)
 
 
 # Wrappers by (table address, guard): a table lives for the process, so does its wrapper.
