@@ -449,6 +449,23 @@ def test_claim_self_check_runs_before_the_first_claim(run_python: RunPython) -> 
         assert mode == "cas"  # the compare-and-swap passed its self-check before the claim
 
 
+# Appended to the fork scripts: the parent prints the child's exit code, or "hung" (and kills
+# it) when it has not exited within 30 s.
+_AWAIT_CHILD = """
+deadline = time.monotonic() + 30
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print(os.waitstatus_to_exitcode(status))
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        print("hung")
+        break
+    time.sleep(0.01)
+"""
+
 _FORK_DURING_FIRST_LOAD = """
 import os, sys, threading, time
 import numpy as np
@@ -468,19 +485,7 @@ if pid == 0:
     ok = pb_tensor.serialize_byte_tensor(np.array([b"b"], dtype=object)) is not None
     os._exit(0 if ok and np.from_dlpack(t).tolist() == [0.0, 1.0] else 1)
 thread.join()
-deadline = time.monotonic() + 30
-while True:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print(os.waitstatus_to_exitcode(status))
-        break
-    if time.monotonic() > deadline:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        print("hung")
-        break
-    time.sleep(0.01)
-"""
+""" + _AWAIT_CHILD
 
 
 def test_fork_while_another_thread_loads_the_lazy_modules(run_python: RunPython) -> None:
@@ -575,19 +580,7 @@ if pid == 0:
     ok = pickle.loads(pickle.dumps(t)).as_numpy().tolist() == [0.0, 1.0, 2.0]
     os._exit(0 if ok else 1)
 thread.join()
-deadline = time.monotonic() + 20
-while True:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print(os.waitstatus_to_exitcode(status))
-        break
-    if time.monotonic() > deadline:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        print("hung")
-        break
-    time.sleep(0.01)
-"""
+""" + _AWAIT_CHILD
 
 
 def test_fork_while_another_thread_is_inside_a_first_use_import(run_python: RunPython) -> None:
