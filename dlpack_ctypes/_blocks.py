@@ -351,6 +351,9 @@ def export(
     device: tuple[int, int],
     versioned: bool,
     flags: int,
+    _live: Any = LIVE,
+    _pending: Any = PENDING,
+    _new: Any = _capi.PyCapsule_New,
     _addressof: Any = ctypes.addressof,
 ) -> CapsuleType:
     """Pack one export block and wrap it in a fresh capsule (no validation: callers check).
@@ -376,24 +379,6 @@ def export(
         pack(block, 0, data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2],
              dims, strd, 0, 0, DELETER_ADDRESS, *shape, *strides)
         name = _capi.ADDR_DLTENSOR
-    return _register(owner, block, addr, name)
-
-
-def _register(
-    owner: object,
-    block: Any,
-    addr: int,
-    name: int,
-    _live: Any = LIVE,
-    _pending: Any = PENDING,
-    _new: Any = _capi.PyCapsule_New,
-) -> CapsuleType:
-    """The capsule of a packed block at ``addr``, registered live and queued for the sweep.
-
-    Until the capsule is returned, any exception (asynchronous ones included) takes the block
-    out of the registry again: the capsule never reached a caller, so nobody consumed it, and
-    the sweep skips a queued capsule whose block is no longer registered.
-    """
     try:
         _live[addr] = (block, owner)
         capsule: CapsuleType = _new(addr, name, None)
@@ -404,6 +389,7 @@ def _register(
             # not once per 4; still at most EXPORT_SWEEP_STEP held capsules examined.
             _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
     except BaseException:
+        # The capsule never reached the caller, so nobody can have consumed it.
         _live.pop(addr, None)
         raise
     return capsule
@@ -448,6 +434,9 @@ def export_prepared(
     owner: object,
     prepared: tuple[Any, bytes, int, int, int],
     name: int,
+    _live: Any = LIVE,
+    _pending: Any = PENDING,
+    _new: Any = _capi.PyCapsule_New,
     _addressof: Any = ctypes.addressof,
 ) -> CapsuleType:
     """:func:`export` of a block made by :func:`prepare`: one copy of the packed bytes and the
@@ -462,4 +451,14 @@ def export_prepared(
     addr = _addressof(block)
     if ndim:
         _pack_pointers(block, field, addr + head, addr + head + 8 * ndim)
-    return _register(owner, block, addr, name)
+    try:
+        _live[addr] = (block, owner)
+        capsule: CapsuleType = _new(addr, name, None)
+        _pending.append((capsule, block, addr, name))
+        if len(_pending) > SWEEP_LIMIT:
+            _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
+    except BaseException:
+        # The capsule never reached the caller, so nobody can have consumed it.
+        _live.pop(addr, None)
+        raise
+    return capsule
