@@ -198,12 +198,15 @@ class Tensor(TensorFields):
             # and __dlpack__ in Python. None: not offered or not usable for this object.
             api = _exchange_api(kind)
             if api is not None:
-                imported = api.from_py_object(tensor, check=_check_importable)
-                if imported is not None:
-                    if imported.device[0] == _KDL_CUDA:
+                # Triton's rules are _check_importable; the tables say what they accept as
+                # is, so the common tensor is checked by two lookups inside the import.
+                found = api.import_mapped(tensor, _DTYPE_OF_DL, _MEMORY_OF_DEVICE,
+                                          _check_importable)
+                if found is not None:
+                    imported, dtype, memory_type = found
+                    if memory_type is _GPU:
                         _wait_for_producer(api, imported)
-                    return _fill(_new_tensor(Tensor), name, _DTYPE_OF_DL[imported.dtype],
-                                 imported.shape, _MEMORY_OF_DEVICE[imported.device[0]],
+                    return _fill(_new_tensor(Tensor), name, dtype, imported.shape, memory_type,
                                  imported.device[1], None, imported, None)
             if kind is _CapsuleType:
                 imported = dl.consume(tensor, check=_check_importable)
