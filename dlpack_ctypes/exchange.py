@@ -324,8 +324,8 @@ def _discover(tp: type) -> ExchangeAPI | None:
     api = _BY_ADDRESS.get((address, guard))
     if api is None:
         checks = None
-        if guard is not None:
-            torch: Any = sys.modules["torch"]  # a guard is made for torch.Tensor only
+        torch: Any = sys.modules.get("torch")
+        if guard is not None and torch is not None:  # a guard is made for torch.Tensor only
             checks = (torch.overrides.has_torch_function_unary, torch.Tensor.is_conj)
         api = _BY_ADDRESS.setdefault((address, guard), ExchangeAPI(address, guard, checks))
     return api

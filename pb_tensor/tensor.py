@@ -72,7 +72,7 @@ class _Unbound:
 
 # Read by from_dlpack only after its call of _exchange_api, whose binder sets it first.
 _CapsuleType: type = _Unbound
-# torch.Tensor, once from_dlpack has met a producer with an exchange table while torch was
+# torch.Tensor, once from_dlpack has met a producer other than a capsule while torch was
 # imported (torch is never imported here).
 _TorchTensor: type = _Unbound
 
@@ -236,6 +236,8 @@ class Tensor(TensorFields):
             if kind is _CapsuleType:
                 imported = dl.consume(tensor, check=_check_importable)
             else:
+                if _TorchTensor is _Unbound:
+                    _see_torch()  # a torch without an exchange table still gets the bridge
                 device_fn = getattr(tensor, "__dlpack_device__", None)
                 if device_fn is None or not hasattr(tensor, "__dlpack__"):
                     raise TritonModelException(_NOT_A_PRODUCER)

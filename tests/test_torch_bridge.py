@@ -181,6 +181,27 @@ def test_first_import_binds_torch(run_python: Any) -> None:
     assert result.stdout == "ok\n"
 
 
+def test_bound_without_an_exchange_table(run_python: Any) -> None:
+    # A torch without __dlpack_c_exchange_api__ takes the Python protocol, and still gets the
+    # bridge from its second import on.
+    result = run_python(
+        """
+        import pb_tensor.tensor as m
+        from dlpack_ctypes import exchange
+        from pb_tensor import Tensor
+        import torch
+        exchange._BY_TYPE[torch.Tensor] = None
+        t = torch.arange(4, dtype=torch.int32)
+        assert Tensor.from_dlpack("x", t).data_ptr == t.data_ptr()  # through __dlpack__
+        assert m._TorchTensor is torch.Tensor
+        print("ok")
+        """,
+        warnings_as_errors=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ok\n"
+
+
 def test_numpy_arrays_never_touch_torch(bridge_calls: list[Any]) -> None:
     a = np.arange(3, dtype=np.float32)
     assert Tensor.from_dlpack("x", a).as_numpy().ctypes.data == a.ctypes.data
