@@ -24,7 +24,19 @@ from dlpack_ctypes.abi import (
 )
 from dlpack_ctypes.dtypes import VALID_BITS, DataType
 
-__all__ = ["DELETERS", "DLPackTensor", "adopt", "blank", "deleter_for", "fill", "release_versioned"]
+__all__ = [
+    "DELETERS",
+    "DEVICE_ENUM",
+    "DLPackTensor",
+    "INT64S",
+    "POSITIVE_SHAPES",
+    "VALID_DTYPES",
+    "VERSIONS",
+    "blank",
+    "deleter_for",
+    "fill",
+    "unpack_versioned_head",
+]
 
 _MEM: Final = _capi.MEM
 _VERSIONED_HEAD = struct.Struct("@IIPPQ")  # version, manager_ctx, deleter, flags
@@ -401,53 +413,6 @@ def fill(
     return deleter_address
 
 
-def adopt(
-    ptr: int,
-    *,
-    check: Callable[[DLPackTensor], None] | None = None,
-) -> DLPackTensor:
-    """Wrap a ``DLManagedTensorVersioned*`` that the caller owns (no capsule involved).
-
-    Ownership passes to this function on entry: on success the returned tensor calls the
-    deleter exactly once when it is released; on every failure (invalid tensor, ``check``
-    raising, an asynchronous exception, ``MemoryError``) the deleter is called exactly once
-    before the error propagates. Call it immediately after obtaining ``ptr``.
-
-    Raises:
-        BufferError: see :func:`fill`.
-        Exception: whatever ``check`` raises.
-    """
-    tensor: DLPackTensor | None = None
-    try:
-        # blank() inlined (this is the exchange import's hot path).
-        tensor = _new_tensor(DLPackTensor)
-        tensor._fn = None
-        tensor._closed = False
-        tensor._viewed = False
-        tensor.__array_interface__ = None
-        deleter = fill(tensor, ptr, True, check, False)
-        # owned from here on: the finaliser releases it
-        tensor._fn = [_FOREIGN_DELETERS.get(deleter) or deleter_for(deleter)] if deleter else []
-    except BaseException:
-        # Interrupted before _fn was first set, or before it was set to the deleter: the
-        # tensor does not own the struct, so it is released here.
-        if tensor is None or getattr(tensor, "_fn", None) is None:
-            release_versioned(ptr)
-        raise
-    return tensor
-
-
-def release_versioned(ptr: int) -> None:
-    """Call the deleter of the ``DLManagedTensorVersioned`` at ``ptr`` (if it has one).
-
-    For a struct this process owns and will not adopt. The major-version rule allows calling
-    the deleter of any version ("it is safe to do so").
-    """
-    deleter = _unpack_versioned(_MEM, ptr)[3]
-    if deleter:
-        deleter_for(deleter)(ptr)
-
-
 _VALID_DTYPES: dict[tuple[int, int, int], DataType] = {}
 
 
@@ -504,3 +469,12 @@ def _check_strides(strides: tuple[int, ...], bits: int, lanes: int) -> None:
                 f"({strides=})"
             )
 
+
+# The memos and readers behind fill(), shared read-only with the exchange import
+# (dlpack_ctypes._adopt), which inlines its common case.
+VALID_DTYPES: Final = _VALID_DTYPES
+POSITIVE_SHAPES: Final = _POSITIVE_SHAPES
+DEVICE_ENUM: Final = _DEVICE_ENUM
+INT64S: Final = _INT64S
+VERSIONS: Final = _VERSIONS
+unpack_versioned_head: Final = _unpack_versioned

@@ -6,8 +6,11 @@ Shared with :mod:`pb_tensor.tensor` only; it never builds a ``Tensor`` (no impor
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
 
 import dlpack_ctypes as dl
 from dlpack_ctypes.abi import DLDeviceType
@@ -30,9 +33,11 @@ __all__ = [
     "KDL_CUDA_HOST",
     "MEMORY_OF_DEVICE",
     "NOT_A_PRODUCER",
+    "bind_torch",
     "check_importable",
     "device_error",
     "import_gpu",
+    "torch_array",
     "wait_for_producer",
 ]
 
@@ -184,3 +189,61 @@ def wait_for_producer(api: ExchangeAPI, imported: dl.DLPackTensor) -> None:
     except BaseException:
         imported.close()
         raise
+
+
+# torch, seen through torch_array (bound by bind_torch when the package meets torch.Tensor).
+_torch_dtypes: frozenset[object] = frozenset()
+_torch_has_function: Callable[[Any], bool] | None = None
+
+
+def bind_torch() -> type | None:
+    """``torch.Tensor`` if torch is imported (binding what :func:`torch_array` needs), else
+    None. Never imports torch and never raises (a torch still being imported is seen later).
+    """
+    global _torch_dtypes, _torch_has_function
+    torch: Any = sys.modules.get("torch")
+    try:
+        tensor_type: type = torch.Tensor
+        names = ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64",
+                 "int64", "float16", "float32", "float64")  # fmt: skip
+        dtypes = frozenset(getattr(torch, name) for name in names if hasattr(torch, name))
+        has_function = torch.overrides.has_torch_function_unary
+    except AttributeError:  # no torch, or one not fully imported yet
+        return None
+    _torch_dtypes = dtypes
+    _torch_has_function = has_function
+    return tensor_type
+
+
+def torch_array(t: Any) -> np.ndarray[Any, Any] | None:
+    """A CPU ``torch.Tensor``'s memory through torch's own numpy bridge, or None to import it
+    through DLPack instead (which then decides, with its errors).
+
+    ``Tensor.numpy()`` is one C call and shares the memory, as DLPack does; it also keeps the
+    storage alive should the tensor later be ``set_()`` to other memory (the view's base is an
+    alias of the tensor) and makes the storage non-resizable, where every DLPack consumer,
+    numpy's included, is left with freed memory. Taken only for what DLPack would import the
+    same way: a plain CPU tensor (not pinned: DLPack reports that memory as CUDA host memory)
+    of a dtype numpy has, without autograd and without ``__torch_function__`` overrides or
+    modes (which ``__dlpack__`` honours). Anything else, and anything ``numpy()`` refuses
+    (the negative bit, sparse layouts), returns None.
+
+    Raises:
+        MemoryError: as raised by ``numpy()``.
+    """
+    if (
+        t.dtype not in _torch_dtypes
+        or t.requires_grad
+        or not t.is_cpu
+        or _torch_has_function is None
+        or _torch_has_function(t)
+        or t.is_pinned()
+    ):
+        return None
+    try:
+        array: np.ndarray[Any, Any] = t.numpy()
+    except (RuntimeError, TypeError):
+        # What numpy() refuses (the negative bit, sparse and mkldnn layouts): DLPack may still
+        # import it, or refuse it in its own words. A MemoryError propagates.
+        return None
+    return array

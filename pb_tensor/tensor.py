@@ -26,9 +26,11 @@ from pb_tensor._tensor_import import KDL_CUDA as _KDL_CUDA
 from pb_tensor._tensor_import import KDL_CUDA_HOST as _KDL_CUDA_HOST
 from pb_tensor._tensor_import import MEMORY_OF_DEVICE as _MEMORY_OF_DEVICE
 from pb_tensor._tensor_import import NOT_A_PRODUCER as _NOT_A_PRODUCER
+from pb_tensor._tensor_import import bind_torch as _bind_torch
 from pb_tensor._tensor_import import check_importable as _check_importable
 from pb_tensor._tensor_import import device_error as _device_error
 from pb_tensor._tensor_import import import_gpu as _import_gpu
+from pb_tensor._tensor_import import torch_array as _torch_array
 from pb_tensor._tensor_import import wait_for_producer as _wait_for_producer
 from pb_tensor.dtypes import MemoryType, TritonDtype, triton_dtype_from_numpy
 from pb_tensor.errors import TritonBufferError, TritonModelException
@@ -70,6 +72,9 @@ class _Unbound:
 
 # Read by from_dlpack only after its call of _exchange_api, whose binder sets it first.
 _CapsuleType: type = _Unbound
+# torch.Tensor, once from_dlpack has met a producer other than a capsule while torch was
+# imported (torch is never imported here).
+_TorchTensor: type = _Unbound
 
 
 def _bind_dlpack() -> None:
@@ -87,6 +92,13 @@ def _bind_dlpack() -> None:
     _CapsuleType = capsule_type
     _exchange_api = exchange_api
     _numpy_dlpack = numpy_dlpack
+
+
+def _see_torch() -> None:
+    global _TorchTensor
+    found = _bind_torch()
+    if found is not None:
+        _TorchTensor = found
 
 
 def _first_exchange_api(tp: type) -> ExchangeAPI | None:
@@ -193,21 +205,39 @@ class Tensor(TensorFields):
             if direct is not None and tensor.dtype.isnative and tensor.flags.c_contiguous:
                 return Tensor._from_array(name, tensor, direct)
         kind = type(tensor)
+        if kind is _TorchTensor:
+            # A CPU torch tensor through torch's numpy bridge: the same memory as DLPack
+            # gives, in one C call (see torch_array). Anything it declines, or that Triton
+            # would refuse, takes DLPack below for the exact error.
+            array = _torch_array(tensor)
+            if array is not None:
+                direct = _DIRECT_NUMPY.get(array.dtype.num)
+                # Empty ones take DLPack too: numpy gives them a data pointer of its own.
+                if direct is not None and array.flags.c_contiguous and array.size:
+                    return _fill(_new_tensor(Tensor), name, direct, array.shape, _CPU, 0, array,
+                                 None, None)
         try:
             # The DLPack 1.3 C exchange API (torch): one C call instead of __dlpack_device__
             # and __dlpack__ in Python. None: not offered or not usable for this object.
             api = _exchange_api(kind)
             if api is not None:
-                imported = api.from_py_object(tensor, check=_check_importable)
-                if imported is not None:
-                    if imported.device[0] == _KDL_CUDA:
+                if _TorchTensor is _Unbound:
+                    _see_torch()
+                # Triton's rules are _check_importable; the tables say what they accept as
+                # is, so the common tensor is checked by two lookups inside the import.
+                found = api.import_mapped(tensor, _DTYPE_OF_DL, _MEMORY_OF_DEVICE,
+                                          _check_importable)
+                if found is not None:
+                    imported, dtype, memory_type = found
+                    if memory_type is _GPU:
                         _wait_for_producer(api, imported)
-                    return _fill(_new_tensor(Tensor), name, _DTYPE_OF_DL[imported.dtype],
-                                 imported.shape, _MEMORY_OF_DEVICE[imported.device[0]],
+                    return _fill(_new_tensor(Tensor), name, dtype, imported.shape, memory_type,
                                  imported.device[1], None, imported, None)
             if kind is _CapsuleType:
                 imported = dl.consume(tensor, check=_check_importable)
             else:
+                if _TorchTensor is _Unbound:
+                    _see_torch()  # a torch without an exchange table still gets the bridge
                 device_fn = getattr(tensor, "__dlpack_device__", None)
                 if device_fn is None or not hasattr(tensor, "__dlpack__"):
                     raise TritonModelException(_NOT_A_PRODUCER)

@@ -471,3 +471,22 @@ def test_memory_back_to_baseline() -> None:
         assert free - free_device_memory() < 8 * MIB
         assert pool.stats().allocations == 0
         assert dl.live_exports() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# torch's numpy bridge is for plain CPU tensors only
+
+
+def test_torch_pinned_and_cuda_tensors_take_dlpack() -> None:
+    t = need_torch()
+    Tensor.from_dlpack("warm", t.zeros(1))  # binds torch.Tensor for the bridge
+    pinned = t.arange(6, dtype=t.float32).pin_memory()
+    device_type = int(pinned.__dlpack_device__()[0])
+    x = Tensor.from_dlpack("pinned", pinned)
+    expected = MemoryType.CPU_PINNED if device_type == 3 else MemoryType.CPU
+    assert (x.memory_type, x.data_ptr) == (expected, pinned.data_ptr())
+    assert x.as_numpy().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    on_gpu = t.arange(6, dtype=t.float32, device="cuda")
+    y = Tensor.from_dlpack("gpu", on_gpu)
+    assert (y.memory_type, y.data_ptr) == (MemoryType.GPU, on_gpu.data_ptr())
+    assert t.equal(t.from_dlpack(y), on_gpu)
