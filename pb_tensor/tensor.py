@@ -180,7 +180,9 @@ class Tensor(TensorFields):
 
         CPU (and pinned) memory is shared, not copied. GPU producers are synchronised through a
         per-device proxy stream before this returns; raw capsules are wrapped
-        without synchronisation, as upstream does.
+        without synchronisation, as upstream does. A plain CPU ``torch.Tensor`` is read through
+        torch's own numpy bridge: the same memory, dtype and errors as through DLPack, and the
+        storage stays alive should the torch tensor later be ``set_()`` to other memory.
 
         Raises:
             TypeError: ``name`` is not a ``str``.
