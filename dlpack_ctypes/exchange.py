@@ -36,10 +36,10 @@ import ctypes
 import struct
 import sys
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from dlpack_ctypes import _capi
-from dlpack_ctypes._adopt import adopt, adopt_mapped, release_versioned
+from dlpack_ctypes._adopt import Accepts, adopt, release_versioned
 from dlpack_ctypes._tensor import DLPackTensor
 from dlpack_ctypes.abi import (
     DLPACK_MAJOR_VERSION,
@@ -80,9 +80,6 @@ _CURRENT_WORK_STREAM: Final = ctypes.PYFUNCTYPE(
 
 _MEM: Final = _capi.MEM
 _adopt: Final = adopt
-_adopt_mapped: Final = adopt_mapped
-_D = TypeVar("_D")
-_M = TypeVar("_M")
 _unpack_ptr: Final = struct.Struct("@P").unpack_from
 
 
@@ -106,24 +103,12 @@ class ExchangeAPI:
         version: its ``(major, minor)``.
     """
 
-    __slots__ = (
-        "_from_py_object",
-        "_guard",
-        "_torch_checks",
-        "_work_stream",
-        "address",
-        "version",
-    )
+    __slots__ = ("_from_py_object", "_guard", "_work_stream", "address", "version")
 
     address: int
     version: tuple[int, int]
 
-    def __init__(
-        self,
-        address: int,
-        guard: Callable[[Any], bool] | None,
-        torch_checks: tuple[Callable[[Any], bool], Callable[[Any], bool]] | None = None,
-    ) -> None:
+    def __init__(self, address: int, guard: Callable[[Any], bool] | None) -> None:
         table = DLPackExchangeAPI.from_address(address)
         self.address = address
         self.version = (table.header.version.major, table.header.version.minor)
@@ -135,9 +120,6 @@ class ExchangeAPI:
         self._from_py_object: Callable[[object, int], int] = from_py
         self._work_stream: Callable[[int, int, int], int] = work_stream
         self._guard = guard
-        # torch.Tensor: (has_torch_function_unary, Tensor.is_conj), the guard's parts, for
-        # import_mapped to inline.
-        self._torch_checks = torch_checks
 
     def __repr__(self) -> str:
         return f"ExchangeAPI(address={self.address:#x}, version={self.version})"
@@ -166,12 +148,15 @@ class ExchangeAPI:
         obj: object,
         *,
         check: Callable[[DLPackTensor], None] | None = None,
+        accepts: Accepts | None = None,
     ) -> DLPackTensor | None:
         """Import ``obj`` with one C call and no stream synchronisation; None: use
         ``__dlpack__`` instead (see :meth:`managed_tensor`).
 
         The tensor is validated exactly as a consumed capsule is (same errors); on any failure
-        the producer's deleter runs once before the error propagates.
+        the producer's deleter runs once before the error propagates. ``accepts``: the
+        ``(dtypes, device types)`` that ``check`` passes in every C-contiguous tensor, which
+        then skips the call of ``check``.
 
         Raises:
             BufferError: an invalid tensor (as :func:`dlpack_ctypes.consume`).
@@ -192,62 +177,7 @@ class ExchangeAPI:
         except BaseException:
             _discard(cell)
             raise
-        return _adopt(address, check=check) if address else None
-
-    def import_mapped(
-        self,
-        obj: object,
-        dtypes: dict[tuple[int, int, int], _D],
-        devices: dict[int, _M],
-        check: Callable[[DLPackTensor], None],
-    ) -> tuple[DLPackTensor, _D, _M] | None:
-        """:meth:`from_py_object` for consumers with their own rules and tables.
-
-        ``check`` is the consumer's whole rule set; ``dtypes`` (by dtype) and ``devices`` (by
-        device type) list what it accepts as is. A C-contiguous tensor whose dtype and device
-        type are both listed skips ``check`` (every such tensor must pass it); any other is
-        validated exactly as :meth:`from_py_object` does with ``check``, with the same errors;
-        ``check`` must refuse what the tables do not list. On any failure the producer's deleter
-        runs once before the error propagates.
-
-        Returns:
-            None: use ``__dlpack__`` instead. Otherwise the tensor and its ``dtypes`` and
-            ``devices`` values.
-
-        Raises:
-            BufferError: an invalid tensor (as :func:`dlpack_ctypes.consume`).
-            LookupError: ``check`` accepted a tensor the tables do not list.
-            Exception: whatever ``check`` raises.
-        """
-        torch_checks = self._torch_checks
-        if torch_checks is not None:
-            # The torch guard inlined (a call less on the hot path). The conjugate bit is
-            # tested before the import, not after it for complex tensors only: the caller's
-            # check would refuse a complex dtype before torch's own error could be raised.
-            if (
-                obj.requires_grad  # type: ignore[attr-defined]
-                or torch_checks[0](obj)
-                or torch_checks[1](obj)
-            ):
-                return None
-        else:
-            guard = self._guard
-            if guard is not None and not guard(obj):
-                return None
-        cell = _cell.address
-        try:
-            if self._from_py_object(obj, cell):
-                return None
-        except Exception:
-            return None
-        try:
-            (address,) = _unpack_ptr(_MEM, cell)  # allocates: a MemoryError must not leak it
-        except BaseException:
-            _discard(cell)
-            raise
-        if not address:
-            return None
-        return _adopt_mapped(address, dtypes, devices, check)
+        return _adopt(address, check=check, accepts=accepts) if address else None
 
     def current_work_stream(self, device_type: int, device_id: int) -> int:
         """The producer's current stream on ``(device_type, device_id)`` (0: none/default).
@@ -323,11 +253,7 @@ def _discover(tp: type) -> ExchangeAPI | None:
     # are equivalent and setdefault keeps one.
     api = _BY_ADDRESS.get((address, guard))
     if api is None:
-        checks = None
-        torch: Any = sys.modules.get("torch")
-        if guard is not None and torch is not None:  # a guard is made for torch.Tensor only
-            checks = (torch.overrides.has_torch_function_unary, torch.Tensor.is_conj)
-        api = _BY_ADDRESS.setdefault((address, guard), ExchangeAPI(address, guard, checks))
+        api = _BY_ADDRESS.setdefault((address, guard), ExchangeAPI(address, guard))
     return api
 
 

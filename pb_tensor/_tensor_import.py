@@ -191,9 +191,15 @@ def wait_for_producer(api: ExchangeAPI, imported: dl.DLPackTensor) -> None:
         raise
 
 
+def _declines(t: object) -> bool:
+    return True
+
+
 # torch, seen through torch_array (bound by bind_torch when the package meets torch.Tensor).
+# bind_torch stores the function before the dtypes: a thread that finds a dtype listed also
+# finds the real function.
 _torch_dtypes: frozenset[object] = frozenset()
-_torch_has_function: Callable[[Any], bool] | None = None
+_torch_has_function: Callable[[Any], bool] = _declines
 
 
 def bind_torch() -> type | None:
@@ -210,8 +216,8 @@ def bind_torch() -> type | None:
         has_function = torch.overrides.has_torch_function_unary
     except AttributeError:  # no torch, or one not fully imported yet
         return None
-    _torch_dtypes = dtypes
     _torch_has_function = has_function
+    _torch_dtypes = dtypes
     return tensor_type
 
 
@@ -235,7 +241,6 @@ def torch_array(t: Any) -> np.ndarray[Any, Any] | None:
         t.dtype not in _torch_dtypes
         or t.requires_grad
         or not t.is_cpu
-        or _torch_has_function is None
         or _torch_has_function(t)
         or t.is_pinned()
     ):

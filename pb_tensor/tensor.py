@@ -131,6 +131,9 @@ _GPU: Final = MemoryType.GPU
 _BYTES: Final = TritonDtype.TYPE_BYTES
 _BF16: Final = TritonDtype.TYPE_BF16
 
+# What _check_importable passes in every C-contiguous tensor: the exchange import then skips it.
+_TRITON_ACCEPTS: Final = (_DTYPE_OF_DL.keys(), _MEMORY_OF_DEVICE.keys())
+
 # numpy dtype.num -> TritonDtype for the numeric types DLPack carries (not BYTES, not BF16).
 _DIRECT_NUMPY: dict[int, TritonDtype] = {
     np.dtype(char).num: triton_dtype_from_numpy(np.dtype(char)) for char in "?bBhHiIlLqQefd"
@@ -225,16 +228,12 @@ class Tensor(TensorFields):
             if api is not None:
                 if _TorchTensor is _Unbound:
                     _see_torch()
-                # Triton's rules are _check_importable; the tables say what they accept as
-                # is, so the common tensor is checked by two lookups inside the import.
-                found = api.import_mapped(tensor, _DTYPE_OF_DL, _MEMORY_OF_DEVICE,
-                                          _check_importable)
-                if found is not None:
-                    imported, dtype, memory_type = found
-                    if memory_type is _GPU:
+                imported = api.from_py_object(tensor, check=_check_importable,
+                                              accepts=_TRITON_ACCEPTS)
+                if imported is not None:
+                    if imported.device[0] == _KDL_CUDA:
                         _wait_for_producer(api, imported)
-                    return _fill(_new_tensor(Tensor), name, dtype, imported.shape, memory_type,
-                                 imported.device[1], None, imported, None)
+                    return Tensor._from_imported(name, imported)
             if kind is _CapsuleType:
                 imported = dl.consume(tensor, check=_check_importable)
             else:

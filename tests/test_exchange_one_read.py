@@ -3,9 +3,8 @@
 An owning ``DLManagedTensorVersioned*`` from an exchange table is read with one struct read
 when it is the common tensor (valid dtype and device, a shape seen before, C strides, data set)
 and by :func:`dlpack_ctypes._tensor.fill` otherwise. Both must describe every tensor exactly as
-consuming the same struct from a capsule does, call the deleter exactly once, and raise the
-same errors; :func:`adopt_mapped` (Triton's rules through tables) must skip the consumer's
-check only for tensors that check would accept.
+consuming the same struct from a capsule does, call the deleter exactly once, raise the same
+errors, and call the consumer's check on either path.
 """
 
 from __future__ import annotations
@@ -19,10 +18,6 @@ from conftest import CapsuleFactory
 import dlpack_ctypes as dl
 from dlpack_ctypes import _adopt
 from dlpack_ctypes.abi import DLPACK_FLAG_BITMASK_READ_ONLY
-
-F32 = (2, 32, 1)
-DTYPES = {F32: "float32", (0, 8, 1): "int8"}
-DEVICES = {1: "cpu"}
 
 
 def _owned(make_capsule: CapsuleFactory, array: np.ndarray[Any, Any], **kwargs: Any) -> int:
@@ -116,54 +111,23 @@ def test_adopt_calls_check_on_both_paths(make_capsule: CapsuleFactory) -> None:
     assert seen == [(2, 3), (2, 3)]
 
 
-def test_adopt_mapped_returns_the_table_values(
-    make_capsule: CapsuleFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_accepted_tensors_skip_the_check(make_capsule: CapsuleFactory) -> None:
+    # accepts: what the check passes in every C-contiguous tensor (Triton's tables).
+    accepts = ({(2, 32, 1)}, {1})
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
-    checked: list[tuple[int, ...]] = []
+    seen: list[str] = []
 
     def check(t: dl.DLPackTensor) -> None:
-        checked.append(t.shape)
+        seen.append(f"{t.dtype.code}/{t.dtype.bits} {t.strides}")
+        if t.dtype.bits != 32:
+            raise TypeError("refused")
 
-    t, dtype, device = _adopt.adopt_mapped(_owned(make_capsule, a), DTYPES, DEVICES, check)
-    assert (dtype, device) == ("float32", "cpu")
+    dl.consume(make_capsule(a)[0]).close()  # the shape is now known all positive
+    t = _adopt.adopt(_owned(make_capsule, a), check=check, accepts=accepts)
+    assert seen == []  # one-read path, listed dtype and device: no call
     np.testing.assert_array_equal(t.numpy(), a)
-    calls = _one_read_taken(monkeypatch)
-    checked.clear()
-    t2, dtype, device = _adopt.adopt_mapped(_owned(make_capsule, a), DTYPES, DEVICES, check)
-    assert (dtype, device, calls, checked) == ("float32", "cpu", [], [])  # listed: no check
-    # Fortran order: listed dtype and device, but the check decides.
-    _adopt.adopt_mapped(_owned(make_capsule, a, strides=(1, 2)), DTYPES, DEVICES, check)
-    assert checked == [(2, 3)]
-    del t, t2
-
-
-@pytest.mark.parametrize("seen_before", [False, True])
-def test_adopt_mapped_unlisted_gets_the_check_error(
-    make_capsule: CapsuleFactory, seen_before: bool
-) -> None:
-    a = np.arange(6, dtype=np.float64).reshape(2, 3)
-    if seen_before:
-        dl.consume(make_capsule(a)[0]).close()
-
-    def check(t: dl.DLPackTensor) -> None:
-        raise TypeError(f"refused {t.dtype.code}/{t.dtype.bits}")
-
-    with pytest.raises(TypeError, match=r"^refused 2/64$"):
-        _adopt.adopt_mapped(_owned(make_capsule, a), DTYPES, DEVICES, check)
-
-
-def test_adopt_mapped_check_that_accepts_unlisted_is_a_lookup_error(
-    make_capsule: CapsuleFactory,
-) -> None:
-    a = np.arange(6, dtype=np.float64).reshape(2, 3)
-    with pytest.raises(LookupError, match=r"check accepted dtype=.*64.* on device type 1"):
-        _adopt.adopt_mapped(_owned(make_capsule, a), DTYPES, DEVICES, lambda t: None)
-
-
-def test_adopt_mapped_invalid_tensor_same_error_as_consume(make_capsule: CapsuleFactory) -> None:
-    a = np.arange(4, dtype=np.float32)
-    expected = _error_or_fields(lambda: dl.consume(make_capsule(a, data=0)[0]))
-    with pytest.raises(BufferError) as info:
-        _adopt.adopt_mapped(_owned(make_capsule, a, data=0), DTYPES, DEVICES, lambda t: None)
-    assert (type(info.value), str(info.value)) == expected
+    # Not C order, or a dtype not listed: the check decides, with its own error.
+    _adopt.adopt(_owned(make_capsule, a, strides=(1, 2)), check=check, accepts=accepts).close()
+    with pytest.raises(TypeError, match=r"^refused$"):
+        _adopt.adopt(_owned(make_capsule, a.astype(np.float64)), check=check, accepts=accepts)
+    assert seen == ["2/32 (1, 2)", "2/64 (3, 1)"]

@@ -64,7 +64,7 @@ def trace_at(k):
             frame.f_trace_lines = False
             return tracer
         if event == "opcode" and not state["fired"]:
-            if code.co_name in ("adopt", "adopt_mapped") and frame.f_lasti < 8:
+            if code.co_name == "adopt" and frame.f_lasti < 8:
                 # The caller's pointer is adopt()'s until its try-block starts: the one
                 # unprotected instant of the exchange-API import (docs/guarantees.md).
                 return tracer
@@ -131,32 +131,16 @@ def op_consume_hand_built(infos):
     t.numpy()
 
 def op_adopt(infos):
-    capsule, info = build_capsule(a, destructor=False)
-    infos.append(info)
+    # C order takes the one-read path (the shape was seen before), Fortran order the general
+    # parser.
     from dlpack_ctypes import _adopt, _capi
-    pointer = _capi.PyCapsule_GetPointer(capsule, _capi.ADDR_DLTENSOR_VERSIONED)
-    _capi.PyCapsule_SetName(capsule, _capi.ADDR_USED_DLTENSOR_VERSIONED)
-    del capsule
-    t = _adopt.adopt(pointer)
-    t.numpy()
-
-def op_adopt_mapped(infos):
-    # Triton's kind of tables: a C-order tensor takes the one-read path (its shape was seen
-    # before), a Fortran-order one takes fill() and the check. Both succeed: an exception
-    # injected into the handler of an import that is already failing is a double fault no
-    # Python code can guard (tests/test_exchange_api.py checks those releases without one).
-    from dlpack_ctypes import _adopt, _capi
-    def check(t):
-        if t.dtype != (2, 32, 1):
-            raise ValueError("refused")
     for strides in ("c", (1, 3)):
         capsule, info = build_capsule(a, strides=strides, destructor=False)
         infos.append(info)
         pointer = _capi.PyCapsule_GetPointer(capsule, _capi.ADDR_DLTENSOR_VERSIONED)
         _capi.PyCapsule_SetName(capsule, _capi.ADDR_USED_DLTENSOR_VERSIONED)
         del capsule
-        t, dtype, memory = _adopt.adopt_mapped(pointer, {(2, 32, 1): "f32"}, {1: "cpu"}, check)
-        assert (dtype, memory) == ("f32", "cpu")
+        t = _adopt.adopt(pointer)
         t.numpy()
 
 def op_from_numpy(infos):
@@ -281,7 +265,6 @@ SIGNAL_OPS = [
     "consume_ours",
     "consume_hand_built",
     "adopt",
-    "adopt_mapped",
     "from_numpy",
     "numpy_of_ours",
     "tensor_from_capsule",

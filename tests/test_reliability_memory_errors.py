@@ -41,11 +41,10 @@ ALLOCATING = ("CALL", "BUILD_", "LIST_APPEND", "LIST_EXTEND", "SET_ADD", "MAP_AD
               "MAKE_FUNCTION", "GET_ITER", "UNPACK_EX", "IMPORT_NAME")
 # The documented gap (docs/guarantees.md): the call into adopt() right after the exchange API's
 # C function returned the producer's new tensor; only the interpreter's frame push can fail there.
-GAPS = [("from_py_object", "return _adopt("), ("import_mapped", "return _adopt_mapped(")]
+GAPS = [("from_py_object", "return _adopt(")]
 # Where the library deliberately turns any error into a fallback that then succeeds: the
 # exchange API's C call failing makes the import ask __dlpack__ instead.
-FALLBACKS = [("from_py_object", "self._from_py_object(obj, cell)"),
-             ("import_mapped", "self._from_py_object(obj, cell)")]
+FALLBACKS = [("from_py_object", "self._from_py_object(obj, cell)")]
 SAMPLE, NAMES = int(sys.argv[1]), sys.argv[2:]
 
 a = np.arange(12, dtype=np.float32).reshape(3, 4)
