@@ -536,6 +536,13 @@ def test_torch_function_mode_takes_the_protocol(torch: Any) -> None:
         imported = dl.from_dlpack(t)
     assert "__dlpack__" in seen
     assert imported.data == t.data_ptr()
+    # Tensor.from_dlpack too: neither the exchange table nor torch's numpy bridge is used.
+    Tensor.from_dlpack("warm", torch.zeros(1))  # binds torch.Tensor for the bridge
+    seen.clear()
+    with Recorder():
+        x = Tensor.from_dlpack("x", t)
+    assert "__dlpack__" in seen
+    assert x.data_ptr == t.data_ptr()
 
 
 def test_without_torch(run_python: Any) -> None:

@@ -118,24 +118,6 @@ def test_declines_what_dlpack_must_decide(bridge_calls: list[Any]) -> None:
         assert bridge_calls == [None], case
 
 
-def test_torch_function_mode_takes_dlpack(bridge_calls: list[Any]) -> None:
-    seen: list[str] = []
-
-    class Recorder(torch.overrides.TorchFunctionMode):  # type: ignore[misc]
-        def __torch_function__(
-            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-        ) -> Any:
-            seen.append(getattr(func, "__name__", ""))
-            return func(*args, **(kwargs or {}))
-
-    t = torch.arange(3.0)
-    with Recorder():
-        x = Tensor.from_dlpack("x", t)
-    assert bridge_calls == [None]
-    assert "__dlpack__" in seen
-    assert x.data_ptr == t.data_ptr()
-
-
 def test_storage_outlives_set(run_python: Any) -> None:
     # The view's base is an alias of the torch tensor: moving the tensor to other memory does
     # not free what the Tensor reads (a DLPack import is left with freed memory there, numpy's
