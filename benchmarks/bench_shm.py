@@ -9,8 +9,8 @@ of the per-round ratios, so a busy machine slows both sides of a ratio alike):
   dropping what they return) at every size.
 * across processes, one transfer and an acknowledgement: the pool through the Tensor API
   (``Tensor(name, a).save_to_shared_memory(pool)``, send the handle, the child loads it), pickle
-  through a ``multiprocessing.Pipe``, and ``torch.multiprocessing`` queues when torch is
-  installed (not with ``--quick``).
+  through a ``multiprocessing.Pipe``; then, in rounds of their own, the pool against
+  ``torch.multiprocessing`` queues when torch is installed (not with ``--quick``).
 
 Targets (printed as PASS/MISS): a 4 KiB tensor crosses processes through the pool no slower than
 pickled through a Pipe; loading does not depend on the size (64 MiB within 10% of 4 KiB, record
@@ -128,6 +128,7 @@ def bench_local(pool: SharedMemoryPool, quick: bool) -> dict[str, dict[str, list
 # --------------------------------------------------------------------------- cross-process
 def _pool_child(name: str, conn: Any) -> None:
     with SharedMemoryPool.attach(name) as pool:
+        conn.send("ready")
         while (handle := conn.recv()) is not None:
             tensor = Tensor.load_from_shared_memory(pool, handle)  # takes the message over
             conn.send(tensor.as_numpy().nbytes)
@@ -135,11 +136,13 @@ def _pool_child(name: str, conn: Any) -> None:
 
 
 def _pipe_child(conn: Any) -> None:
+    conn.send("ready")
     while (array := conn.recv()) is not None:
         conn.send(array.nbytes)
 
 
 def _torch_child(tensors: Any, conn: Any) -> None:
+    conn.send("ready")
     while (tensor := tensors.get()) is not None:
         conn.send(tensor.numel())
         del tensor
@@ -155,6 +158,10 @@ class _Peer:
         self.proc = ctx.Process(target=child, args=(*args, theirs))
         self.proc.start()
         self._send, self._stop = send, stop
+        # Timing starts once the child has imported everything and attached: a child still
+        # starting up would take a CPU from the rounds of the others.
+        if not self.conn.poll(120) or self.conn.recv() != "ready":
+            raise RuntimeError(f"benchmark child {child.__name__} did not start")
 
     def once(self, payload: np.ndarray[Any, Any]) -> None:
         self._send(self.conn, payload)
@@ -166,49 +173,80 @@ class _Peer:
 
 
 def bench_transfer(pool: SharedMemoryPool, quick: bool) -> dict[str, dict[str, list[float]]]:
+    """Per size, per method, per-round medians in ns.
+
+    Two phases, each interleaving its own peers: the pool against pickle through a Pipe, then
+    (full runs with torch installed) the pool again against ``torch.multiprocessing``, whose
+    child and feeder thread are started only then: running beside the first phase, they took
+    CPU time from both of its peers and slowed the 4 KiB round trips about tenfold.
+    """
     rng = np.random.default_rng(1)
     payloads = {label: rng.integers(0, 256, n, dtype=np.uint8) for label, n in SIZES.items()}
     ctx = mp.get_context("spawn")
-    peers = {
-        # The README idiom: the saving Tensor is a temporary; the handle is a message that
-        # the child's load takes over (nothing to release on this side).
-        "pb_tensor pool": _Peer(
-            ctx, _pool_child, (pool.name,),
-            lambda c, p: c.send(Tensor("INPUT0", p).save_to_shared_memory(pool)),
-            lambda c: c.send(None),
-        ),
-        "pickle + Pipe": _Peer(
-            ctx, _pipe_child, (), lambda c, p: c.send(p), lambda c: c.send(None)
-        ),
-    }  # fmt: skip
-    if not quick:
-        try:
-            import torch
-            import torch.multiprocessing as tmp
-        except ImportError:
-            print("torch not installed: no torch.multiprocessing baseline")
-        else:
-            tctx = tmp.get_context("spawn")
-            queue = tctx.Queue()
-            # A new tensor over the payload each time: torch moves its storage into shared
-            # memory (one copy) when it is first sent, as for any freshly computed tensor.
-            peers["torch.mp queue"] = _Peer(
-                tctx, _torch_child, (queue,), lambda c, p: queue.put(torch.from_numpy(p)),
-                lambda c: queue.put(None),
-            )  # fmt: skip
-    results: dict[str, dict[str, list[float]]] = {}
+    # The README idiom: the saving Tensor is a temporary; the handle is a message that the
+    # child's load takes over (nothing to release on this side).
+    pool_peer = _Peer(
+        ctx, _pool_child, (pool.name,),
+        lambda c, p: c.send(Tensor("INPUT0", p).save_to_shared_memory(pool)),
+        lambda c: c.send(None),
+    )  # fmt: skip
+    results: dict[str, dict[str, list[float]]] = {label: {} for label in payloads}
     try:
-        for label, payload in payloads.items():
-            reps = max(3, _reps(payload.nbytes, quick) // 10)
-            results[label] = _rounds(
+        pipe_peer = _Peer(ctx, _pipe_child, (), lambda c, p: c.send(p), lambda c: c.send(None))
+        try:
+            _transfer_rounds({"pb_tensor pool": pool_peer, "pickle + Pipe": pipe_peer},
+                             payloads, quick, results)  # fmt: skip
+        finally:
+            pipe_peer.close()
+        if not quick:
+            torch_peer = _start_torch_peer()
+            if torch_peer is not None:
+                try:
+                    again: dict[str, dict[str, list[float]]] = {label: {} for label in payloads}
+                    _transfer_rounds({"pb_tensor pool": pool_peer, "torch.mp queue": torch_peer},
+                                     payloads, quick, again)  # fmt: skip
+                finally:
+                    torch_peer.close()
+                for label, times in again.items():
+                    results[label]["torch.mp queue"] = times["torch.mp queue"]
+                    results[label]["pool (torch phase)"] = times["pb_tensor pool"]
+    finally:
+        pool_peer.close()
+    return results
+
+
+def _start_torch_peer() -> _Peer | None:
+    try:
+        import torch
+        import torch.multiprocessing as tmp
+    except ImportError:
+        print("torch not installed: no torch.multiprocessing baseline")
+        return None
+    tctx = tmp.get_context("spawn")
+    queue = tctx.Queue()
+    # A new tensor over the payload each time: torch moves its storage into shared memory
+    # (one copy) when it is first sent, as for any freshly computed tensor.
+    return _Peer(
+        tctx, _torch_child, (queue,), lambda c, p: queue.put(torch.from_numpy(p)),
+        lambda c: queue.put(None),
+    )  # fmt: skip
+
+
+def _transfer_rounds(
+    peers: dict[str, _Peer],
+    payloads: dict[str, np.ndarray[Any, Any]],
+    quick: bool,
+    results: dict[str, dict[str, list[float]]],
+) -> None:
+    for label, payload in payloads.items():
+        reps = max(3, _reps(payload.nbytes, quick) // 10)
+        results[label].update(
+            _rounds(
                 {m: (lambda p=p: p.once(payload)) for m, p in peers.items()},  # noqa: B023
                 reps,
                 3 if quick else 7,
             )
-    finally:
-        for peer in peers.values():
-            peer.close()
-    return results
+        )
 
 
 # ---------------------------------------------------------------------------------- report
@@ -237,13 +275,18 @@ def report(
         ratio = _ratio(r, "np.copyto", "save_record")
         print(f"{label:>7} | " + " | ".join(f"{c:>12}" for c in cells) + f" | {ratio:10.2f}x")
 
-    methods = list(transfer["4 KiB"])
+    methods = [m for m in transfer["4 KiB"] if m != "pool (torch phase)"]
+    torch_phase = "pool (torch phase)" in transfer["4 KiB"]
     print("\nAcross processes: send one tensor, the child receives it and acknowledges (median)")
-    print(f"{'size':>7} | " + " | ".join(f"{m:>15}" for m in methods) + " | pool / pickle")
+    print(f"{'size':>7} | " + " | ".join(f"{m:>15}" for m in methods) + " | pool / pickle"
+          + (" | torch / pool" if torch_phase else ""))  # fmt: skip
     for label, r in transfer.items():
         cells = [_fmt_time(_med(r[m])) for m in methods]
         ratio = _ratio(r, "pb_tensor pool", "pickle + Pipe")
-        print(f"{label:>7} | " + " | ".join(f"{c:>15}" for c in cells) + f" | {ratio:12.2f}x")
+        line = f"{label:>7} | " + " | ".join(f"{c:>15}" for c in cells) + f" | {ratio:12.2f}x"
+        if torch_phase:  # against the pool timed in the same rounds
+            line += f" | {_ratio(r, 'torch.mp queue', 'pool (torch phase)'):12.2f}x"
+        print(line)
 
     small, big = local["4 KiB"], local["64 MiB"]
 
