@@ -9,8 +9,11 @@ of the per-round ratios, so a busy machine slows both sides of a ratio alike):
   dropping what they return) at every size.
 * across processes, one transfer and an acknowledgement: the pool through the Tensor API
   (``Tensor(name, a).save_to_shared_memory(pool)``, send the handle, the child loads it), pickle
-  through a ``multiprocessing.Pipe``; then, in rounds of their own, the pool against
-  ``torch.multiprocessing`` queues when torch is installed (not with ``--quick``).
+  through a ``multiprocessing.Pipe``, and a bare shared-memory hand-over (one header write and
+  one copy, one view: the floor any shared-memory transport starts from); then, in rounds of
+  their own, the pool against ``torch.multiprocessing`` queues when torch is installed (not
+  with ``--quick``). The 4 KiB round trips are also cut in four with timestamps both processes
+  share: the sender's work, the wake of the receiver, its work, the wake of the sender.
 
 Targets (printed as PASS/MISS): a 4 KiB tensor crosses processes through the pool no slower than
 pickled through a Pipe; loading does not depend on the size (64 MiB within 10% of 4 KiB, record
@@ -21,10 +24,13 @@ from __future__ import annotations
 
 import argparse
 import gc
+import mmap
 import multiprocessing as mp
 import os
 import statistics
+import struct
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -126,59 +132,133 @@ def bench_local(pool: SharedMemoryPool, quick: bool) -> dict[str, dict[str, list
 
 
 # --------------------------------------------------------------------------- cross-process
+# CLOCK_MONOTONIC on Linux: one clock for every process, so a child's timestamps can be set
+# against the parent's to cut each round trip into its four parts (the anatomy table).
+_clock = time.perf_counter_ns
+_BARE_HEAD = struct.Struct("=Q")  # the bare hand-over's header: the payload's byte count
+_BARE_DATA = 64  # where its payload starts
+
+
 def _pool_child(name: str, conn: Any) -> None:
     with SharedMemoryPool.attach(name) as pool:
         conn.send("ready")
         while (handle := conn.recv()) is not None:
+            woke = _clock()
             tensor = Tensor.load_from_shared_memory(pool, handle)  # takes the message over
-            conn.send(tensor.as_numpy().nbytes)
+            nbytes = tensor.as_numpy().nbytes
+            conn.send((woke, _clock(), nbytes))
             del tensor
 
 
 def _pipe_child(conn: Any) -> None:
     conn.send("ready")
     while (array := conn.recv()) is not None:
-        conn.send(array.nbytes)
+        woke = _clock()
+        conn.send((woke, _clock(), array.nbytes))
+
+
+def _bare_child(path: str, size: int, conn: Any) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        mapping = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    view = memoryview(mapping)
+    conn.send("ready")
+    while (offset := conn.recv()) is not None:
+        woke = _clock()
+        (nbytes,) = _BARE_HEAD.unpack_from(mapping, offset)
+        array = np.ndarray((nbytes,), np.uint8, view, offset + _BARE_DATA)
+        conn.send((woke, _clock(), array.nbytes))
+        del array
+    view.release()
+    mapping.close()
+
+
+class _BareSlot:
+    """The least a shared-memory hand-over can do, as a floor for the pool: one header write
+    and one copy into a plain shared mapping, the offset through the Pipe, one view on the
+    other side. No lock, no reference count, no record: nothing a real transport can skip."""
+
+    def __init__(self, size: int) -> None:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, self.path = tempfile.mkstemp(prefix="pbt_bench_", dir=folder)
+        try:
+            os.ftruncate(fd, size)
+            self.mapping = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.size = size
+
+    def put(self, payload: np.ndarray[Any, Any]) -> int:
+        _BARE_HEAD.pack_into(self.mapping, 0, payload.nbytes)
+        self.mapping[_BARE_DATA : _BARE_DATA + payload.nbytes] = payload.data
+        return 0
+
+    def close(self) -> None:
+        self.mapping.close()
+        os.unlink(self.path)
 
 
 def _torch_child(tensors: Any, conn: Any) -> None:
     conn.send("ready")
     while (tensor := tensors.get()) is not None:
-        conn.send(tensor.numel())
+        woke = _clock()
+        conn.send((woke, _clock(), tensor.numel()))
         del tensor
 
 
 class _Peer:
-    """A child process that receives one payload per call and acknowledges it."""
+    """A child process that receives one payload per call and acknowledges it.
+
+    ``make(payload)`` is the sender's work (what goes through the channel); ``send`` puts it
+    there (the Pipe unless given). Each call also records its anatomy: the sender's work, the
+    time until the receiver is awake with the message read, the receiver's work, and the time
+    until the sender is awake with the acknowledgement.
+    """
 
     def __init__(self, ctx: Any, child: Callable[..., None], args: tuple[Any, ...],
-                 send: Callable[[Any, np.ndarray[Any, Any]], object],
-                 stop: Callable[[Any], None]) -> None:  # fmt: skip
+                 make: Callable[[np.ndarray[Any, Any]], object],
+                 stop: Callable[[Any], None],
+                 send: Callable[[object], None] | None = None) -> None:  # fmt: skip
         self.conn, theirs = ctx.Pipe()
         self.proc = ctx.Process(target=child, args=(*args, theirs))
         self.proc.start()
-        self._send, self._stop = send, stop
+        self._make, self._stop = make, stop
+        self._send = self.conn.send if send is None else send
+        self.anatomy: list[tuple[int, int, int, int]] = []
         # Timing starts once the child has imported everything and attached: a child still
         # starting up would take a CPU from the rounds of the others.
         if not self.conn.poll(120) or self.conn.recv() != "ready":
             raise RuntimeError(f"benchmark child {child.__name__} did not start")
 
     def once(self, payload: np.ndarray[Any, Any]) -> None:
-        self._send(self.conn, payload)
-        self.conn.recv()
+        start = _clock()
+        message = self._make(payload)
+        sent = _clock()
+        self._send(message)
+        woke, done, _ = self.conn.recv()
+        back = _clock()
+        self.anatomy.append((sent - start, woke - sent, done - woke, back - done))
 
     def close(self) -> None:
         self._stop(self.conn)
         self.proc.join(60)
 
 
-def bench_transfer(pool: SharedMemoryPool, quick: bool) -> dict[str, dict[str, list[float]]]:
-    """Per size, per method, per-round medians in ns.
+Anatomy = dict[str, tuple[float, float, float, float]]
 
-    Two phases, each interleaving its own peers: the pool against pickle through a Pipe, then
-    (full runs with torch installed) the pool again against ``torch.multiprocessing``, whose
-    child and feeder thread are started only then: running beside the first phase, they took
-    CPU time from both of its peers and slowed the 4 KiB round trips about tenfold.
+
+def bench_transfer(
+    pool: SharedMemoryPool, quick: bool
+) -> tuple[dict[str, dict[str, list[float]]], Anatomy]:
+    """Per size, per method, per-round medians in ns; and the 4 KiB anatomy per method.
+
+    Two phases, each interleaving its own peers: the pool against pickle through a Pipe and a
+    bare shared-memory hand-over (the floor), then (full runs with torch installed) the pool
+    again against ``torch.multiprocessing``, whose child and feeder thread are started only
+    then: running beside the first phase, they took CPU time from its peers and slowed the
+    4 KiB round trips about tenfold.
     """
     rng = np.random.default_rng(1)
     payloads = {label: rng.integers(0, 256, n, dtype=np.uint8) for label, n in SIZES.items()}
@@ -187,24 +267,29 @@ def bench_transfer(pool: SharedMemoryPool, quick: bool) -> dict[str, dict[str, l
     # child's load takes over (nothing to release on this side).
     pool_peer = _Peer(
         ctx, _pool_child, (pool.name,),
-        lambda c, p: c.send(Tensor("INPUT0", p).save_to_shared_memory(pool)),
-        lambda c: c.send(None),
+        lambda p: Tensor("INPUT0", p).save_to_shared_memory(pool), lambda c: c.send(None),
     )  # fmt: skip
     results: dict[str, dict[str, list[float]]] = {label: {} for label in payloads}
+    anatomy: Anatomy = {}
+    bare = _BareSlot(_BARE_DATA + max(SIZES.values()))
     try:
-        pipe_peer = _Peer(ctx, _pipe_child, (), lambda c, p: c.send(p), lambda c: c.send(None))
+        pipe_peer = _Peer(ctx, _pipe_child, (), lambda p: p, lambda c: c.send(None))
+        bare_peer = _Peer(ctx, _bare_child, (bare.path, bare.size), bare.put,
+                          lambda c: c.send(None))  # fmt: skip
         try:
-            _transfer_rounds({"pb_tensor pool": pool_peer, "pickle + Pipe": pipe_peer},
-                             payloads, quick, results)  # fmt: skip
+            peers = {"pb_tensor pool": pool_peer, "pickle + Pipe": pipe_peer,
+                     "bare shm": bare_peer}  # fmt: skip
+            _transfer_rounds(peers, payloads, quick, results, anatomy)
         finally:
             pipe_peer.close()
+            bare_peer.close()
         if not quick:
             torch_peer = _start_torch_peer()
             if torch_peer is not None:
                 try:
                     again: dict[str, dict[str, list[float]]] = {label: {} for label in payloads}
-                    _transfer_rounds({"pb_tensor pool": pool_peer, "torch.mp queue": torch_peer},
-                                     payloads, quick, again)  # fmt: skip
+                    peers = {"pb_tensor pool": pool_peer, "torch.mp queue": torch_peer}
+                    _transfer_rounds(peers, payloads, quick, again, {})
                 finally:
                     torch_peer.close()
                 for label, times in again.items():
@@ -212,7 +297,8 @@ def bench_transfer(pool: SharedMemoryPool, quick: bool) -> dict[str, dict[str, l
                     results[label]["pool (torch phase)"] = times["pb_tensor pool"]
     finally:
         pool_peer.close()
-    return results
+        bare.close()
+    return results, anatomy
 
 
 def _start_torch_peer() -> _Peer | None:
@@ -227,8 +313,8 @@ def _start_torch_peer() -> _Peer | None:
     # A new tensor over the payload each time: torch moves its storage into shared memory
     # (one copy) when it is first sent, as for any freshly computed tensor.
     return _Peer(
-        tctx, _torch_child, (queue,), lambda c, p: queue.put(torch.from_numpy(p)),
-        lambda c: queue.put(None),
+        tctx, _torch_child, (queue,), torch.from_numpy, lambda c: queue.put(None),
+        send=queue.put,
     )  # fmt: skip
 
 
@@ -237,9 +323,12 @@ def _transfer_rounds(
     payloads: dict[str, np.ndarray[Any, Any]],
     quick: bool,
     results: dict[str, dict[str, list[float]]],
+    anatomy: Anatomy,
 ) -> None:
     for label, payload in payloads.items():
         reps = max(3, _reps(payload.nbytes, quick) // 10)
+        for peer in peers.values():
+            peer.anatomy.clear()
         results[label].update(
             _rounds(
                 {m: (lambda p=p: p.once(payload)) for m, p in peers.items()},  # noqa: B023
@@ -247,6 +336,11 @@ def _transfer_rounds(
                 3 if quick else 7,
             )
         )
+        if label == "4 KiB":
+            for method, peer in peers.items():
+                parts = list(zip(*peer.anatomy, strict=True))
+                a, b, c, d = (statistics.median(part) for part in parts)
+                anatomy[method] = (a, b, c, d)
 
 
 # ---------------------------------------------------------------------------------- report
@@ -263,7 +357,9 @@ def _med(values: list[float]) -> float:
 
 
 def report(
-    local: dict[str, dict[str, list[float]]], transfer: dict[str, dict[str, list[float]]]
+    local: dict[str, dict[str, list[float]]],
+    transfer: dict[str, dict[str, list[float]]],
+    anatomy: Anatomy,
 ) -> bool:
     print("\nIn-process (median per call; saves include releasing the record, loads do not")
     print("include dropping what they loaded: views up to 64 KiB give their reference back in")
@@ -287,6 +383,14 @@ def report(
         if torch_phase:  # against the pool timed in the same rounds
             line += f" | {_ratio(r, 'torch.mp queue', 'pool (torch phase)'):12.2f}x"
         print(line)
+
+    print("\nAnatomy of a 4 KiB round trip (medians in us; one clock for both processes)")
+    parts = ["sender's work", "to receiver awake", "receiver's work", "back to sender"]
+    print(f"{'':>15} | " + " | ".join(f"{p:>17}" for p in parts))
+    for method, times in anatomy.items():
+        print(f"{method:>15} | " + " | ".join(f"{t / 1e3:17.1f}" for t in times))
+    print("(the message is read and unpickled before the receiver counts as awake; the bare")
+    print("hand-over is the floor: one header write and one copy, one view, nothing else)")
 
     small, big = local["4 KiB"], local["64 MiB"]
 
@@ -319,8 +423,8 @@ def main() -> int:
     with SharedMemoryPool.create(256 << 20, growth=64 << 20) as pool:
         print(f"pool: {'sealed memfd' if pool.sealed else 'plain /dev/shm file'}")
         local = bench_local(pool, args.quick)
-        transfer = bench_transfer(pool, args.quick)
-    return 0 if report(local, transfer) else 1
+        transfer, anatomy = bench_transfer(pool, args.quick)
+    return 0 if report(local, transfer, anatomy) else 1
 
 
 if __name__ == "__main__":
