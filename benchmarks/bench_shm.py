@@ -222,7 +222,9 @@ class _Peer:
                  stop: Callable[[Any], None],
                  send: Callable[[object], None] | None = None) -> None:  # fmt: skip
         self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=child, args=(*args, theirs))
+        # Daemonic: a run that fails half-way does not wait at exit for children still
+        # blocked on their Pipe.
+        self.proc = ctx.Process(target=child, args=(*args, theirs), daemon=True)
         self.proc.start()
         self._make, self._stop = make, stop
         self._send = self.conn.send if send is None else send
@@ -230,6 +232,7 @@ class _Peer:
         # Timing starts once the child has imported everything and attached: a child still
         # starting up would take a CPU from the rounds of the others.
         if not self.conn.poll(120) or self.conn.recv() != "ready":
+            self.proc.terminate()
             raise RuntimeError(f"benchmark child {child.__name__} did not start")
 
     def once(self, payload: np.ndarray[Any, Any]) -> None:
