@@ -163,6 +163,39 @@ def test_first_import_binds_torch(run_python: Any) -> None:
     assert result.stdout == "ok\n"
 
 
+def test_torch_imported_after_other_producers(run_python: Any) -> None:
+    # Imports of other producers before torch exists bind nothing (and do not import torch);
+    # the first torch tensor after torch is imported binds the bridge.
+    result = run_python(
+        """
+        import sys
+        import numpy as np
+        import pb_tensor.tensor as m
+        from pb_tensor import Tensor
+        from pb_tensor._tensor_import import bind_torch
+
+        class Producer:
+            def __init__(self, a): self.a = a
+            def __dlpack__(self, **kw): return self.a.__dlpack__(**kw)
+            def __dlpack_device__(self): return self.a.__dlpack_device__()
+
+        for _ in range(3):
+            assert Tensor.from_dlpack("p", Producer(np.arange(3.0))).as_numpy().tolist() == [
+                0.0, 1.0, 2.0]
+        assert "torch" not in sys.modules and bind_torch() is None
+        assert m._TorchTensor is m._Unbound
+        import torch
+        t = torch.arange(4, dtype=torch.int32)
+        assert Tensor.from_dlpack("x", t).data_ptr == t.data_ptr()
+        assert m._TorchTensor is torch.Tensor
+        print("ok")
+        """,
+        warnings_as_errors=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ok\n"
+
+
 def test_bound_without_an_exchange_table(run_python: Any) -> None:
     # A torch without __dlpack_c_exchange_api__ takes the Python protocol, and still gets the
     # bridge from its second import on.
