@@ -51,6 +51,10 @@ collect_ignore = [] if _have_protobuf() else [
     "typing/test_runtime_types.py",
 ]
 
+# Triton's own files (tests/upstream, byte-for-byte copies) are data for the tests that run them,
+# never collected themselves: upstream's *_test.py files need a Triton server.
+collect_ignore_glob = ["upstream/*"]
+
 # Where the packages under test are imported from (the checkout, or site-packages when the
 # tests run against an installed wheel), and this folder (cuda_fake, conftest helpers).
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(dlpack_ctypes.__file__)))

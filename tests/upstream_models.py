@@ -1,0 +1,62 @@
+"""Triton's own models, copied byte-for-byte under ``tests/upstream/`` (where each file came
+from is in ``tests/upstream/README.md``), and :func:`repository`, which lays them out as a
+model repository the way upstream's L0 ``test.sh`` scripts do::
+
+    mkdir -p models/<name>/1/
+    cp <source>/model.py models/<name>/1/
+    cp <source>/config.pbtxt models/<name>/
+
+Upstream's copies are never edited: a test that needs a change a ``test.sh`` makes (``sed``
+on a configuration, a renamed model) passes it as ``config_edit``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+__all__ = ["EXAMPLES", "PYTHON_MODELS", "QA_BACKEND_PYTHON", "UPSTREAM", "repository"]
+
+UPSTREAM = Path(__file__).resolve().parent / "upstream"
+PYTHON_MODELS = UPSTREAM / "server" / "qa" / "python_models"
+"""The server's ``qa/python_models``."""
+QA_BACKEND_PYTHON = UPSTREAM / "server" / "qa" / "L0_backend_python"
+"""The server's ``qa/L0_backend_python`` (its tests and the models some of them carry)."""
+EXAMPLES = UPSTREAM / "python_backend" / "examples"
+"""python_backend's ``examples``."""
+
+
+def repository(
+    dest: Path,
+    models: Mapping[str, Path],
+    *,
+    config_edit: Mapping[str, Callable[[str], str]] | None = None,
+) -> Path:
+    """Lay out ``models`` (model name -> upstream folder holding ``model.py`` and, usually,
+    ``config.pbtxt``) as a Triton model repository under ``dest``; returns ``dest``.
+
+    Every other file of the folder (a sibling module, as in qa ``multi_file``) goes next to
+    ``model.py``, as the copies in upstream's scripts put them. ``config_edit[name]`` rewrites
+    that model's configuration text (what a ``sed`` in ``test.sh`` does).
+
+    Raises:
+        FileNotFoundError: a source folder or its ``model.py`` is missing.
+    """
+    edits = config_edit or {}
+    for name, source in models.items():
+        if not (source / "model.py").is_file():
+            raise FileNotFoundError(f"no model.py in upstream folder {source}")
+        version = dest / name / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        for entry in source.iterdir():
+            if entry.name == "config.pbtxt":
+                text = entry.read_text()
+                if name in edits:
+                    text = edits[name](text)
+                (dest / name / "config.pbtxt").write_text(text)
+            elif entry.is_file() and entry.suffix == ".py":
+                shutil.copy(entry, version / entry.name)
+            elif entry.is_dir() and entry.name != "__pycache__":
+                shutil.copytree(entry, version / entry.name, dirs_exist_ok=True)
+    return dest
