@@ -182,6 +182,16 @@ def test_metric_creation_errors() -> None:
     )
 
 
+def test_histogram_buckets_must_be_strictly_ascending() -> None:
+    # qa custom_metrics' test_histogram_args: unsorted and repeated bounds raise, [] does not.
+    hist = pb_utils.MetricFamily("h_order", "h", pb_utils.MetricFamily.HISTOGRAM)
+    for buckets in ([2.5, 0.1, 1.0, 10.0, 5.0], [1, 1, 2, 5, 5]):
+        assert _failure(lambda: hist.Metric(labels={}, buckets=buckets)) == (
+            "Error when creating Metric: Bucket Boundaries must be strictly sorted"
+        )
+    assert hist.Metric(labels={}, buckets=[]).labels == {}
+
+
 def test_family_errors_and_sharing() -> None:
     first = pb_utils.MetricFamily("shared", "first", pb_utils.MetricFamily.GAUGE)
     first.Metric().set(4)

@@ -106,7 +106,9 @@ class MetricFamily:
         Raises:
             TritonModelException: upstream's "Failed to create metric. ..." messages (labels
                 not a dict, buckets not a list, buckets for a counter or gauge, no buckets
-                for a histogram), or a label value that is not a str.
+                for a histogram), or a label value that is not a str;
+                ``"Error when creating Metric: Bucket Boundaries must be strictly sorted"``
+                for buckets not in strictly ascending order (prometheus-cpp's rule).
         """
         if labels is not None and not isinstance(labels, dict):
             raise TritonModelException("Failed to create metric. Labels must be a dictionary.")
@@ -116,6 +118,11 @@ class MetricFamily:
             if self._kind is not MetricKind.HISTOGRAM:
                 raise TritonModelException("Failed to create metric. Unexpected buckets found.")
             bounds = [_to_float(b, "Metric(): buckets item") for b in buckets]
+            if any(low >= high for low, high in zip(bounds, bounds[1:])):
+                # prometheus-cpp's Histogram refuses these; Triton wraps its text.
+                raise TritonModelException(
+                    "Error when creating Metric: Bucket Boundaries must be strictly sorted"
+                )
         else:
             if self._kind is MetricKind.HISTOGRAM:
                 raise TritonModelException("Failed to create metric. Missing required buckets.")
