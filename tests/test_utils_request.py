@@ -203,7 +203,14 @@ def test_empty_requested_output_name_message() -> None:
          "InferenceRequest(): requested_output_names must be a list of str, got str"),
         ({"requested_output_names": [1]},
          "InferenceRequest(): requested_output_names must be a list of str, found int"),
-        ({"model_name": None}, "InferenceRequest(): model_name must be a str, got NoneType"),
+        (
+            {"model_name": None},
+            "InferenceRequest(): model_name must be a str or bytes, got NoneType",
+        ),
+        (
+            {"model_name": b"\xff"},
+            "InferenceRequest(): model_name b'\\xff' is not UTF-8 (invalid start byte)",
+        ),
         ({"request_id": 5}, "InferenceRequest(): request_id must be a str, got int"),
         ({"flags": -1}, "InferenceRequest(): flags=-1 is out of range [0, 4294967295]"),
         ({"flags": 1.0}, "InferenceRequest(): flags must be an int, got float"),
@@ -218,6 +225,14 @@ def test_constructor_type_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(TypeError) as e:
         _req(**kwargs)
     assert str(e.value) == message
+
+
+def test_model_name_as_bytes(backend: FakeBackend) -> None:
+    # python_backend's examples/bls/sync_model.py passes the name from a BYTES input.
+    request = _req(model_name=b"add_sub")
+    assert request.model_name() == "add_sub"
+    request.exec()
+    assert backend.calls[0][0].model_name() == "add_sub"
 
 
 def test_missing_required_keyword() -> None:

@@ -76,7 +76,8 @@ class InferenceRequest:
                          timeout=0, preferred_memory=PreferredMemory(...),
                          trace=InferenceTrace(), parameters=None)
 
-    ``timeout`` is in microseconds (0: none). ``parameters`` is a dict of ``str`` to
+    ``model_name`` may be ``bytes`` (UTF-8), as pybind11 lets it be in Triton; ``model_name()``
+    returns a ``str``. ``timeout`` is in microseconds (0: none). ``parameters`` is a dict of ``str`` to
     ``bool``/``int``/``str``; ``parameters()`` returns it as JSON text.
 
     Raises:
@@ -108,7 +109,7 @@ class InferenceRequest:
     def __init__(
         self,
         *,
-        model_name: str,
+        model_name: str | bytes,
         inputs: Sequence[Tensor],
         requested_output_names: Sequence[str],
         request_id: str = "",
@@ -124,9 +125,19 @@ class InferenceRequest:
             raise TypeError(
                 f"InferenceRequest(): request_id must be a str, got {type(request_id).__name__}"
             )
+        if isinstance(model_name, bytes):
+            # pybind11's std::string takes bytes too: upstream's BLS example passes the name
+            # straight from a BYTES input. Its str() comes back as UTF-8.
+            try:
+                model_name = model_name.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise TypeError(
+                    f"InferenceRequest(): model_name {model_name!r} is not UTF-8 ({exc.reason})"
+                ) from None
         if not isinstance(model_name, str):
             raise TypeError(
-                f"InferenceRequest(): model_name must be a str, got {type(model_name).__name__}"
+                "InferenceRequest(): model_name must be a str or bytes, got "
+                f"{type(model_name).__name__}"
             )
         if preferred_memory is None:
             preferred_memory = NO_PREFERENCE
