@@ -45,6 +45,7 @@ def _have_protobuf() -> bool:
 collect_ignore = [] if _have_protobuf() else [
     "test_runtime_errors.py",
     "test_runtime_examples.py",
+    "test_runtime_fidelity.py",
     "test_runtime_fastpath.py",
     "test_runtime_placement.py",
     "test_runtime_stub.py",

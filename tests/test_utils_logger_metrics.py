@@ -186,7 +186,7 @@ def test_histogram_buckets_must_be_strictly_ascending() -> None:
     # qa custom_metrics' test_histogram_args: unsorted and repeated bounds raise, [] does not.
     hist = pb_utils.MetricFamily("h_order", "h", pb_utils.MetricFamily.HISTOGRAM)
     for buckets in ([2.5, 0.1, 1.0, 10.0, 5.0], [1, 1, 2, 5, 5]):
-        assert _failure(lambda: hist.Metric(labels={}, buckets=buckets)) == (
+        assert _failure(lambda b=buckets: hist.Metric(labels={}, buckets=b)) == (
             "Error when creating Metric: Bucket Boundaries must be strictly sorted"
         )
     assert hist.Metric(labels={}, buckets=[]).labels == {}

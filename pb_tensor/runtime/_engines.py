@@ -32,6 +32,7 @@ from pb_tensor.runtime._host import (
 )
 from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
 from pb_tensor.runtime._tracker import FINAL, Reply, Tracker
+from pb_tensor.runtime._values import as_delivered
 from pb_tensor.shm import SharedMemoryPool
 
 __all__ = ["Engine", "InProcessEngine", "StubEngine", "StubFailure"]
@@ -59,7 +60,9 @@ def _reply_from(index: int, response: InferenceResponse | None, flags: int) -> R
         return Reply(index, [], None, "{}", flags, False)
     err = response.error()
     error = None if err is None else InferenceError(err.message(), int(err.code()))
-    return Reply(index, response.output_tensors(), error, response.parameters(), flags, True)
+    # BYTES as bytes, as a stub's responses arrive (a model may have built them from str).
+    tensors = as_delivered(response.output_tensors())
+    return Reply(index, tensors, error, response.parameters(), flags, True)
 
 
 def _never_cancelled(index: int) -> bool:
@@ -82,6 +85,8 @@ class InProcessEngine:
         return None
 
     def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
+        for data in batch:
+            data.inputs = as_delivered(data.inputs)
         if self.host.info.decoupled:
             return self._run_decoupled(batch, timeout)
         # Every response arrives before execute returns: the replies are a list.

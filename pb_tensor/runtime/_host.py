@@ -9,7 +9,9 @@ backend) differ.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import importlib.machinery
 import importlib.util
 import itertools
 import logging
@@ -17,7 +19,7 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -25,6 +27,7 @@ from typing import Any
 from pb_tensor import Tensor
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._seam import (
+    BLS_OUTSIDE_EXECUTE_MESSAGE,
     InferenceRequest,
     InferenceResponse,
     InferenceResponseSender,
@@ -47,6 +50,7 @@ __all__ = [
     "format_exception",
     "install_pb_utils",
     "load_model_module",
+    "model_argv",
 ]
 
 log = logging.getLogger("pb_tensor.runtime")
@@ -128,8 +132,11 @@ def install_pb_utils() -> None:
 
 
 def load_model_module(model_path: str, model_name: str) -> ModuleType:
-    """Import ``model.py`` under a name of its own (several models and versions can live in
-    one process); its directory goes on ``sys.path`` for sibling imports, as in Triton.
+    """Import ``model.py`` as Triton's stub does: its version folder and the model's folder go
+    on ``sys.path`` (``import file1`` of a sibling works) and the file is imported as a module
+    of a package made of its version folder (``from . import file2`` works). The package gets
+    a name of its own where Triton's is the version (``1.model``): several models and versions
+    can live in one process.
 
     Raises:
         UserModelError: the file is missing (Triton's message) or importing it raised.
@@ -138,23 +145,62 @@ def load_model_module(model_path: str, model_name: str) -> ModuleType:
         raise UserModelError(f"Python model file not found in '{model_path}'")
     install_pb_utils()
     directory = os.path.dirname(os.path.abspath(model_path))
-    if directory not in sys.path:
-        sys.path.append(directory)
+    for entry in (directory, os.path.dirname(directory)):
+        if entry not in sys.path:
+            sys.path.append(entry)
     safe = "".join(c if c.isalnum() else "_" for c in model_name)
-    module_name = f"_pb_tensor_model_{safe}_{next(_module_ids)}"
+    package = f"_pb_tensor_model_{safe}_{next(_module_ids)}"
+    package_spec = importlib.machinery.ModuleSpec(package, None, is_package=True)
+    package_spec.submodule_search_locations = [directory]
+    sys.modules[package] = importlib.util.module_from_spec(package_spec)
+    stem = os.path.splitext(os.path.basename(model_path))[0]
+    module_name = f"{package}.{stem}"
     spec = importlib.util.spec_from_file_location(module_name, model_path)
     if spec is None or spec.loader is None:
+        sys.modules.pop(package, None)
         raise UserModelError(f"Python model file not found in '{model_path}'")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        with model_argv():
+            spec.loader.exec_module(module)
     except BaseException as exc:
         sys.modules.pop(module_name, None)
+        sys.modules.pop(package, None)
         if not isinstance(exc, Exception | SystemExit):
             raise
         raise UserModelError(format_exception(exc)) from exc
     return module
+
+
+_argv_lock = threading.Lock()
+_argv_users = 0
+_argv_saved: list[str] | None = None
+
+
+@contextlib.contextmanager
+def model_argv() -> Iterator[None]:
+    """``sys.argv`` is ``['']`` while model code runs, as in Triton's stub (an embedded
+    interpreter started without arguments): ``unittest.main("model", exit=False)`` inside a
+    model parses no test names out of the host's command line. The host's own ``argv`` comes
+    back when the last model call of the process returns (calls may overlap in threads)."""
+    global _argv_users, _argv_saved
+    with _argv_lock:
+        if _argv_users == 0:
+            _argv_saved = getattr(sys, "argv", None)
+            sys.argv = [""]
+        _argv_users += 1
+    try:
+        yield
+    finally:
+        with _argv_lock:
+            _argv_users -= 1
+            if _argv_users == 0:
+                if _argv_saved is None:
+                    del sys.argv
+                else:
+                    sys.argv = _argv_saved
+                _argv_saved = None
 
 
 def model_class(module: ModuleType) -> type:
@@ -185,7 +231,8 @@ def run_auto_complete(cls: type, name: str, config: dict[str, Any]) -> dict[str,
     if fn is None:
         return config
     try:
-        result = fn(ModelConfig(config))
+        with model_argv():
+            result = fn(ModelConfig(config))
     except Exception as exc:
         raise UserModelError(format_exception(exc)) from exc
     if not isinstance(result, ModelConfig):
@@ -203,7 +250,9 @@ class ModelHost:
     def __init__(self, info: HostInfo, cls: type, backend: ModelBackend) -> None:
         self.info = info
         self._cls = cls
-        self._backend = backend
+        self._backend: ModelBackend = _ExecuteOnlyBls(backend, self)
+        # Triton's stub: BLS works once initialize returned and until finalize starts.
+        self._serving = False
         self._instance: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
@@ -217,14 +266,26 @@ class ModelHost:
         """
         previous = set_backend(self._backend)
         try:
-            self._instance = self._cls()
-            init = getattr(self._instance, "initialize", None)
-            if init is not None:
-                init(self.info.initialize_args())
+            with model_argv():
+                self._instance = self._cls()
+                init = getattr(self._instance, "initialize", None)
+                if init is not None:
+                    init(self.info.initialize_args())
         except Exception as exc:
             raise UserModelError(format_exception(exc)) from exc
         finally:
             set_backend(previous)
+        self._serving = True
+
+    def check_bls(self) -> None:
+        """Refuse BLS outside ``execute`` as Triton's stub does: before ``initialize``
+        returned (``auto_complete_config``, ``initialize``) and from ``finalize`` on.
+
+        Raises:
+            TritonModelException: ``BLS is only supported during the 'execute' function.``
+        """
+        if not self._serving:
+            raise TritonModelException(BLS_OUTSIDE_EXECUTE_MESSAGE)
 
     def is_ready(self) -> tuple[bool, str | None]:
         """The model's own ``is_ready()`` when defined (True otherwise); an error text when it
@@ -234,7 +295,8 @@ class ModelHost:
             return self._instance is not None, None
         previous = set_backend(self._backend)
         try:
-            result = fn()
+            with model_argv():
+                result = fn()
         except Exception as exc:
             return False, format_exception(exc)
         finally:
@@ -246,11 +308,13 @@ class ModelHost:
     def finalize(self) -> str | None:
         """Call ``finalize()`` when defined; the error text if it raised."""
         instance, self._instance = self._instance, None
+        self._serving = False
         previous = set_backend(self._backend)
         try:
             fin = getattr(instance, "finalize", None)
             if fin is not None:
-                fin()
+                with model_argv():
+                    fin()
         except Exception as exc:
             log.error("finalize of model '%s' raised: %s", self.info.name, exc)
             return format_exception(exc)
@@ -321,11 +385,12 @@ class ModelHost:
                 f"Python model {self.info.model_path} does not implement `execute` method."
             )
         try:
-            returned = instance.execute(requests)
-            if type(returned) is not list and asyncio.iscoroutine(returned):
-                if self._loop is None:
-                    self._loop = asyncio.new_event_loop()
-                returned = self._loop.run_until_complete(returned)
+            with model_argv():
+                returned = instance.execute(requests)
+                if type(returned) is not list and asyncio.iscoroutine(returned):
+                    if self._loop is None:
+                        self._loop = asyncio.new_event_loop()
+                    returned = self._loop.run_until_complete(returned)
             return self._process_returned(batch, returned)
         except (Exception, SystemExit) as exc:
             return format_exception(exc)
@@ -369,6 +434,39 @@ class ModelHost:
             except TritonModelException as exc:
                 return str(exc)
         return None
+
+
+class _ExecuteOnlyBls:
+    """The backend a hosted model reaches: its host's, with BLS refused outside ``execute``
+    (:meth:`ModelHost.check_bls`); model control passes through."""
+
+    def __init__(self, inner: ModelBackend, host: ModelHost) -> None:
+        self._inner = inner
+        self._host = host
+
+    def exec_request(
+        self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
+    ) -> InferenceResponse | Iterator[InferenceResponse]:
+        self._host.check_bls()
+        return self._inner.exec_request(request, decoupled=decoupled, timeout_us=timeout_us)
+
+    def is_model_decoupled(self) -> bool:
+        return self._inner.is_model_decoupled()
+
+    def model_name(self) -> str:
+        return self._inner.model_name()
+
+    def model_dir(self) -> str:
+        return self._inner.model_dir()
+
+    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
+        self._inner.load_model(model_name, config, files)
+
+    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
+        self._inner.unload_model(model_name, unload_dependents)
+
+    def is_model_ready(self, model_name: str, model_version: str) -> bool:
+        return self._inner.is_model_ready(model_name, model_version)
 
 
 class Batch:

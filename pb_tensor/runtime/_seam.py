@@ -12,6 +12,7 @@ from pb_tensor.utils import (
     TritonError,
 )
 from pb_tensor.utils._context import (
+    BLS_OUTSIDE_EXECUTE_MESSAGE,
     InferenceResponseSender,
     ModelBackend,
     claim_direct_send,
@@ -25,6 +26,7 @@ from pb_tensor.utils._context import (
 )
 
 __all__ = [
+    "BLS_OUTSIDE_EXECUTE_MESSAGE",
     "TRITONSERVER_MEMORY_CPU",
     "InferenceRequest",
     "InferenceResponse",

@@ -34,6 +34,7 @@ from pb_tensor.runtime._host import (
 )
 from pb_tensor.runtime._placement import gpu_refusal, place
 from pb_tensor.runtime._seam import (
+    BLS_OUTSIDE_EXECUTE_MESSAGE,
     InferenceRequest,
     InferenceResponse,
     PreferredMemory,
@@ -78,6 +79,11 @@ class _StubBackend:
     def exec_request(
         self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
     ) -> InferenceResponse | Iterator[InferenceResponse]:
+        # Threads the model started reach this backend directly: the host's rule again.
+        host = self._stub.host
+        if host is None:
+            raise TritonModelException(BLS_OUTSIDE_EXECUTE_MESSAGE)
+        host.check_bls()
         responses = self._stub.bls(request, decoupled, timeout_us)
         if decoupled:
             return responses
@@ -415,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     """Serve one model over the control socket given on the command line."""
     args = sys.argv[1:] if argv is None else argv
     fd, pool_name = int(args[0]), args[1]
+    # Triton's stub embeds an interpreter started without arguments: models see [''].
+    sys.argv = [""]
     pool = SharedMemoryPool.attach(pool_name)
     channel = Channel(Connection(fd), pool)
     stub = _Stub(channel)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pb_tensor import Tensor, TritonDtype
+from pb_tensor import Tensor, TritonDtype, bytes_codec
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._placement import place
 from pb_tensor.runtime._seam import InferenceResponse, PreferredMemory, TritonError
@@ -18,6 +18,7 @@ from pb_tensor.runtime._tracker import Reply
 
 __all__ = [
     "InputValue",
+    "as_delivered",
     "Outputs",
     "ParameterValue",
     "outputs_of",
@@ -74,6 +75,25 @@ def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
             [x.encode("utf-8") if isinstance(x, str) else x for x in array.flat], dtype=object
         ).reshape(array.shape)
     return Tensor(name, array)
+
+
+def as_delivered(tensors: list[Tensor]) -> list[Tensor]:
+    """``tensors`` as Triton delivers them across processes (what isolated mode does by
+    itself): a BYTES tensor holding anything but ``bytes`` objects (``str``, ``np.bytes_``,
+    an ``S`` array, numbers) becomes the object array of ``bytes`` its wire format gives.
+    The list is returned as is when nothing changes."""
+    out = tensors
+    for i, tensor in enumerate(tensors):
+        if tensor.triton_dtype() is not TritonDtype.TYPE_BYTES:
+            continue
+        array = tensor.as_numpy()
+        if array.dtype.kind == "O" and all(type(x) is bytes for x in array.flat):
+            continue
+        if out is tensors:
+            out = list(tensors)
+        wire = bytes_codec.deserialize(bytes_codec.serialize(array), array.size)
+        out[i] = Tensor(tensor.name(), wire.reshape(array.shape))
+    return out
 
 
 def outputs_of(reply: Reply) -> Outputs:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
 import json
 import math
 import re
@@ -118,7 +119,7 @@ class MetricFamily:
             if self._kind is not MetricKind.HISTOGRAM:
                 raise TritonModelException("Failed to create metric. Unexpected buckets found.")
             bounds = [_to_float(b, "Metric(): buckets item") for b in buckets]
-            if any(low >= high for low, high in zip(bounds, bounds[1:])):
+            if any(low >= high for low, high in itertools.pairwise(bounds)):
                 # prometheus-cpp's Histogram refuses these; Triton wraps its text.
                 raise TritonModelException(
                     "Error when creating Metric: Bucket Boundaries must be strictly sorted"

@@ -77,8 +77,8 @@ class InferenceRequest:
                          trace=InferenceTrace(), parameters=None)
 
     ``model_name`` may be ``bytes`` (UTF-8), as pybind11 lets it be in Triton; ``model_name()``
-    returns a ``str``. ``timeout`` is in microseconds (0: none). ``parameters`` is a dict of ``str`` to
-    ``bool``/``int``/``str``; ``parameters()`` returns it as JSON text.
+    returns a ``str``. ``timeout`` is in microseconds (0: none). ``parameters`` is a dict of
+    ``str`` to ``bool``/``int``/``str``; ``parameters()`` returns it as JSON text.
 
     Raises:
         TypeError: an argument has the wrong type or is out of its C range (upstream's pybind

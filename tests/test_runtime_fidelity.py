@@ -1,0 +1,178 @@
+"""Where the runtime must behave as Triton's stub does, in both modes: the command line a model
+sees, BLS refused outside ``execute``, relative imports in the model's folder, BYTES outputs as
+``bytes``, outputs checked against the configuration, BF16 ``as_numpy`` only on request.
+
+Each case is a small model written here; Triton's own models for the same rules run in
+``test_upstream_models.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pb_tensor.runtime import ModelLoadError, ModelRepository
+
+CONFIG = """
+name: "{name}"
+backend: "python"
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_STRING dims: [ -1 ] }} ]
+"""
+
+HEADER = """
+import json, sys, unittest
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+def bls():
+    request = pb_utils.InferenceRequest(
+        model_name="argv", inputs=[pb_utils.Tensor("IN", np.array([1], np.int32))],
+        requested_output_names=["OUT"])
+    return request.exec()
+"""
+
+MODELS: dict[str, str] = {
+    # As qa bls / custom_metrics do: unittest.main("model") inside execute parses sys.argv.
+    "argv": """
+        class ArgvTest(unittest.TestCase):
+            def test_runs(self):
+                self.assertTrue(True)
+
+        class TritonPythonModel:
+            def initialize(self, args):
+                self.at_init = list(sys.argv)
+
+            def execute(self, requests):
+                test = unittest.main("model", exit=False)
+                seen = json.dumps([self.at_init, list(sys.argv), test.result.wasSuccessful()])
+                return [pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array([seen], dtype=object))]) for _ in requests]
+    """,
+    "bls_in_initialize": """
+        class TritonPythonModel:
+            def initialize(self, args):
+                bls()
+
+            def execute(self, requests):
+                return None
+    """,
+    "bls_in_auto_complete": """
+        class TritonPythonModel:
+            @staticmethod
+            def auto_complete_config(config):
+                bls()
+                return config
+
+            def execute(self, requests):
+                return None
+    """,
+    "bls_in_finalize": """
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUT", np.array([bls().has_error()], dtype=object))]) for _ in requests]
+
+            def finalize(self):
+                bls()
+    """,
+}
+
+SIBLINGS = {
+    "relative": {
+        "model.py": """
+            import helper_abs
+            import triton_python_backend_utils as pb_utils
+            import numpy as np
+            from . import helper_rel
+            from .helper_rel import WORD
+
+            class TritonPythonModel:
+                def execute(self, requests):
+                    words = [helper_abs.WORD, helper_rel.WORD, WORD, __package__ != ""]
+                    return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                        "OUT", np.array([str(words)], dtype=object))]) for _ in requests]
+        """,
+        "helper_abs.py": 'WORD = "absolute"\n',
+        "helper_rel.py": 'WORD = "relative"\n',
+    },
+}
+
+BLS_REFUSED = "BLS is only supported during the 'execute' function."
+
+
+@pytest.fixture(scope="module")
+def repo_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fidelity")
+    for name, code in MODELS.items():
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
+        (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+    for name, files in SIBLINGS.items():
+        (root / name / "1").mkdir(parents=True)
+        for file, text in files.items():
+            (root / name / "1" / file).write_text(textwrap.dedent(text))
+        (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+    return root
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["in_process", "isolated"])
+def repo(request: pytest.FixtureRequest, repo_path: Path) -> Iterator[tuple[ModelRepository, bool]]:
+    with ModelRepository(repo_path) as repository:
+        yield repository, request.param
+
+
+def _one(repo: tuple[ModelRepository, bool], name: str) -> str:
+    repository, isolated = repo
+    model = repository.load(name, isolated=isolated, timeout=60)
+    try:
+        out = model.infer({"IN": np.array([1], dtype=np.int32)})["OUT"]
+    finally:
+        model.unload()
+    assert out.dtype == object
+    assert type(out[0]) is bytes
+    return out[0].decode()
+
+
+def test_models_see_triton_stubs_argv(repo: tuple[ModelRepository, bool]) -> None:
+    before = list(sys.argv)
+    at_init, at_execute, passed = json.loads(_one(repo, "argv"))
+    assert at_init == at_execute == [""]
+    assert passed is True
+    assert sys.argv == before  # in-process: the host's argv comes back
+
+
+def test_bls_refused_in_initialize_fails_the_load(repo: tuple[ModelRepository, bool]) -> None:
+    repository, isolated = repo
+    with pytest.raises(ModelLoadError) as e:
+        repository.load("bls_in_initialize", isolated=isolated, timeout=60)
+    assert f"TritonModelException: {BLS_REFUSED}" in str(e.value)
+
+
+def test_bls_refused_in_auto_complete_config(repo: tuple[ModelRepository, bool]) -> None:
+    repository, isolated = repo
+    with pytest.raises(ModelLoadError) as e:
+        repository.load("bls_in_auto_complete", isolated=isolated, timeout=60)
+    assert f"TritonModelException: {BLS_REFUSED}" in str(e.value)
+
+
+def test_bls_works_in_execute_and_is_refused_in_finalize(
+    repo: tuple[ModelRepository, bool], caplog: pytest.LogCaptureFixture
+) -> None:
+    repository, isolated = repo
+    model = repository.load("bls_in_finalize", isolated=isolated, timeout=60)
+    assert model.infer({"IN": np.array([1], dtype=np.int32)})["OUT"].tolist() == [b"False"]
+    with caplog.at_level("ERROR", logger="pb_tensor.runtime"):
+        model.unload()
+    assert any(BLS_REFUSED in r.getMessage() for r in caplog.records)
+
+
+def test_relative_imports_in_the_model_folder(repo: tuple[ModelRepository, bool]) -> None:
+    # python_backend README "Using relative imports"; qa multi_file runs in test_upstream_models.
+    assert _one(repo, "relative") == "['absolute', 'relative', 'relative', True]"
