@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pb_tensor.runtime import ModelLoadError, ModelRepository
+from pb_tensor.runtime import InferenceError, ModelLoadError, ModelRepository
 
 CONFIG = """
 name: "{name}"
@@ -84,6 +84,34 @@ MODELS: dict[str, str] = {
     """,
 }
 
+CONFIGS = {
+    "outputs": """
+name: "outputs"
+backend: "python"
+max_batch_size: 4
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [
+  { name: "SAME" data_type: TYPE_FP32 dims: [ 2 ] },
+  { name: "R" data_type: TYPE_INT32 dims: [ -1, 2 ] reshape: { shape: [ 2, -1 ] } },
+  { name: "NEVER" data_type: TYPE_FP32 dims: [ 1 ] }
+]
+""",
+}
+MODELS["outputs"] = """
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                responses.append(pb_utils.InferenceResponse([
+                    # another dtype and shape than configured: Triton passes them as they are
+                    pb_utils.Tensor("SAME", np.arange(3, dtype=np.float64)),
+                    pb_utils.Tensor("R", x.reshape(len(x), 2, -1) if x.shape[1] == 6 else x),
+                    pb_utils.Tensor("UNLISTED", x),  # not in the configuration: dropped
+                ]))
+            return responses
+"""
+
 SIBLINGS = {
     "relative": {
         "model.py": """
@@ -113,7 +141,7 @@ def repo_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, code in MODELS.items():
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
-        (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+        (root / name / "config.pbtxt").write_text(CONFIGS.get(name) or CONFIG.format(name=name))
     for name, files in SIBLINGS.items():
         (root / name / "1").mkdir(parents=True)
         for file, text in files.items():
@@ -176,3 +204,29 @@ def test_bls_works_in_execute_and_is_refused_in_finalize(
 def test_relative_imports_in_the_model_folder(repo: tuple[ModelRepository, bool]) -> None:
     # python_backend README "Using relative imports"; qa multi_file runs in test_upstream_models.
     assert _one(repo, "relative") == "['absolute', 'relative', 'relative', True]"
+
+
+def test_outputs_as_triton_passes_them(repo: tuple[ModelRepository, bool]) -> None:
+    # core's InferenceResponse::AddOutput: only `reshape` is applied; python_backend prunes the
+    # outputs that were not requested.
+    repository, isolated = repo
+    model = repository.load("outputs", isolated=isolated, timeout=60)
+    try:
+        out = model.infer({"IN": np.arange(12, dtype=np.int32).reshape(2, 6)})
+        assert sorted(out) == ["R", "SAME"]
+        assert out["SAME"].dtype == np.float64
+        assert out["SAME"].tolist() == [0.0, 1.0, 2.0]
+        # batch 2, the model's [2, 3] per item as [-1, 2]: -1 is the model's 3
+        assert out["R"].shape == (2, 3, 2)
+        assert out["R"].ravel().tolist() == list(range(12))
+        only = model.infer({"IN": np.zeros((1, 2), np.int32)}, requested_outputs=["SAME"])
+        assert list(only) == ["SAME"]
+        # The model's [1, 3] has no dim for reshape's -1 (Triton would read past its shape).
+        with pytest.raises(InferenceError) as e:
+            model.infer({"IN": np.zeros((1, 3), np.int32)})
+        assert e.value.message() == (
+            "output 'R' of model 'outputs' has shape [1, 3], which the configuration's "
+            "reshape [2, -1] -> dims [-1, 2] cannot hold"
+        )
+    finally:
+        model.unload()

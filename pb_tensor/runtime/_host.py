@@ -14,6 +14,7 @@ import functools
 import importlib.machinery
 import importlib.util
 import itertools
+import json
 import logging
 import os
 import sys
@@ -26,6 +27,7 @@ from typing import Any
 
 from pb_tensor import Tensor
 from pb_tensor.errors import TritonModelException
+from pb_tensor.runtime._reshape import output_reshapes, reshape_outputs
 from pb_tensor.runtime._seam import (
     BLS_OUTSIDE_EXECUTE_MESSAGE,
     InferenceRequest,
@@ -254,6 +256,9 @@ class ModelHost:
         # Triton's stub: BLS works once initialize returned and until finalize starts.
         self._serving = False
         self._instance: Any = None
+        config = json.loads(info.config_json)
+        self._reshapes = output_reshapes(config)
+        self._batched = int(config.get("max_batch_size", 0)) > 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
 
@@ -335,6 +340,8 @@ class ModelHost:
         """The ``InferenceRequest`` objects ``execute`` receives; each gets its sender when
         the model first asks for it."""
         info = self.info
+        if self._reshapes:
+            sink = self._reshaping(sink)
         built = Batch(sink, is_cancelled, info.decoupled)
         name, version = info.name, info.version
         built.requests = [
@@ -344,6 +351,16 @@ class ModelHost:
             for i, data in enumerate(batch)
         ]  # fmt: skip
         return built
+
+    def _reshaping(self, sink: Sink) -> Sink:
+        reshapes, batched, name = self._reshapes, self._batched, self.info.name
+
+        def send(index: int, response: InferenceResponse | None, flags: int) -> None:
+            if response is not None:
+                response = reshape_outputs(response, reshapes, batched, name)
+            sink(index, response, flags)
+
+        return send
 
     def execute(self, batch: Batch) -> str | None:
         """Run ``execute`` on the batch's requests; responses go to its sink.
