@@ -34,6 +34,7 @@ from pb_tensor._tensor_import import torch_array as _torch_array
 from pb_tensor._tensor_import import wait_for_producer as _wait_for_producer
 from pb_tensor.dtypes import MemoryType, TritonDtype, triton_dtype_from_numpy
 from pb_tensor.errors import TritonBufferError, TritonModelException
+from pb_tensor.numpy_policy import bf16_numpy_allowed
 
 if TYPE_CHECKING:
     # typing_extensions is not a runtime dependency: annotations only.
@@ -281,11 +282,13 @@ class Tensor(TensorFields):
 
         BYTES tensors give the array they were built from (or, once loaded from shared memory,
         an object array of ``bytes``). BF16 gives an ``ml_dtypes.bfloat16`` view when
-        ``ml_dtypes`` is installed.
+        ``ml_dtypes`` is installed and :mod:`pb_tensor.numpy_policy` allows it (inside a model
+        served by ``pb_tensor.runtime`` it does not, as in Triton, unless the repository opts
+        in).
 
         Raises:
             TritonModelException: GPU memory ("Tensor is stored in GPU and cannot be converted to
-                NumPy."), or BF16 without ``ml_dtypes``.
+                NumPy."), or BF16 without ``ml_dtypes`` or where the policy refuses it.
         """
         array = self._array
         if array is not None:
@@ -299,8 +302,11 @@ class Tensor(TensorFields):
         if imported is None:
             raise TritonModelException(f"Tensor {self._name!r} holds no host data")
         if self._dtype == _BF16:
+            if not bf16_numpy_allowed():
+                raise TritonModelException(_BF16_NUMPY)
             try:
-                array = imported.numpy()
+                # Not cached: whether BF16 converts depends on where as_numpy() is called.
+                return imported.numpy()
             except BufferError:
                 raise TritonModelException(_BF16_NUMPY) from None
         else:

@@ -111,6 +111,42 @@ MODELS["outputs"] = """
                 ]))
             return responses
 """
+CONFIGS["bf16"] = """
+name: "bf16"
+backend: "python"
+input [ { name: "IN" data_type: TYPE_BF16 dims: [ -1 ] } ]
+output [
+  { name: "OUT" data_type: TYPE_BF16 dims: [ -1 ] },
+  { name: "NUMPY" data_type: TYPE_STRING dims: [ 1 ] }
+]
+"""
+MODELS["bf16"] = """
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                tensor = pb_utils.get_input_tensor_by_name(request, "IN")
+                try:
+                    seen = str(tensor.as_numpy().dtype)
+                except pb_utils.TritonModelException as exc:
+                    seen = str(exc)
+                responses.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor.from_dlpack("OUT", tensor.to_dlpack()),
+                    pb_utils.Tensor("NUMPY", np.array([seen], dtype=object)),
+                ]))
+            return responses
+"""
+MODELS["writes_input"] = """
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+                x += 100  # allowed in Triton: the model's input is its own copy
+                responses.append(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array([str(x.tolist())], dtype=object))]))
+            return responses
+"""
 
 SIBLINGS = {
     "relative": {
@@ -230,3 +266,42 @@ def test_outputs_as_triton_passes_them(repo: tuple[ModelRepository, bool]) -> No
         )
     finally:
         model.unload()
+
+
+def test_bf16_as_numpy_refused_in_models_unless_opted_in(
+    repo: tuple[ModelRepository, bool], repo_path: Path
+) -> None:
+    # qa identity_bf16: as_numpy() of a BF16 tensor raises inside a model in Triton.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    repository, isolated = repo
+    values = np.array([1.5, -2.0, 3.0], dtype=ml_dtypes.bfloat16)  # accepted as BF16
+    with repository.load("bf16", isolated=isolated, timeout=60) as model:
+        out = model.infer({"IN": values})
+    assert out["NUMPY"].tolist() == [
+        b"Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and "
+        b"from_dlpack() instead."
+    ]
+    assert out["OUT"].dtype == ml_dtypes.bfloat16  # the caller's side converts, as a client
+    assert out["OUT"].tolist() == values.tolist()
+    with (
+        ModelRepository(repo_path, bf16_as_numpy=True) as relaxed,
+        relaxed.load("bf16", isolated=isolated, timeout=60) as model,
+    ):
+        assert model.infer({"IN": values})["NUMPY"].tolist() == [b"bfloat16"]
+
+
+def test_inputs_are_the_models_own_unless_shared(
+    repo: tuple[ModelRepository, bool], repo_path: Path
+) -> None:
+    repository, isolated = repo
+    caller = np.array([1, 2], dtype=np.int32)
+    with repository.load("writes_input", isolated=isolated, timeout=60) as model:
+        assert model.infer({"IN": caller})["OUT"].tolist() == [b"[101, 102]"]
+    assert caller.tolist() == [1, 2]
+    with (
+        ModelRepository(repo_path, share_inputs=True) as sharing,
+        sharing.load("writes_input", isolated=isolated, timeout=60) as model,
+    ):
+        model.infer({"IN": caller})
+    # Opted in: in-process models get the caller's array itself; stubs always get a copy.
+    assert caller.tolist() == ([1, 2] if isolated else [101, 102])

@@ -85,8 +85,9 @@ class InProcessEngine:
         return None
 
     def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
+        copy = not self.host.info.share_inputs
         for data in batch:
-            data.inputs = as_delivered(data.inputs)
+            data.inputs = as_delivered(data.inputs, copy=copy)
         if self.host.info.decoupled:
             return self._run_decoupled(batch, timeout)
         # Every response arrives before execute returns: the replies are a list.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import importlib.machinery
 import importlib.util
@@ -27,6 +28,7 @@ from typing import Any
 
 from pb_tensor import Tensor
 from pb_tensor.errors import TritonModelException
+from pb_tensor.numpy_policy import bf16_numpy_context, reset_bf16_numpy_context
 from pb_tensor.runtime._reshape import output_reshapes, reshape_outputs
 from pb_tensor.runtime._seam import (
     BLS_OUTSIDE_EXECUTE_MESSAGE,
@@ -79,6 +81,10 @@ class HostInfo:
     device_id: int
     config_json: str
     decoupled: bool
+    # The repository's opt-ins (ModelRepository): BF16 as_numpy() inside the model, and
+    # in-process inputs handed over without a copy.
+    bf16_as_numpy: bool = False
+    share_inputs: bool = False
 
     def initialize_args(self) -> dict[str, str]:
         """``initialize(args)``: the keys and string values Triton's stub launcher passes."""
@@ -175,34 +181,54 @@ def load_model_module(model_path: str, model_name: str) -> ModuleType:
     return module
 
 
-_argv_lock = threading.Lock()
-_argv_users = 0
-_argv_saved: list[str] | None = None
+class _ModelCode:
+    """What Triton's stub gives model code while it runs (a class, not a generator: it wraps
+    every ``execute``). ``sys.argv`` is ``['']``, as in the stub's interpreter started without
+    arguments: ``unittest.main("model", exit=False)`` inside a model parses no test names out
+    of the host's command line; the host's ``argv`` comes back when the last model call of
+    the process returns (calls may overlap in threads). With ``bf16`` given, BF16
+    ``as_numpy()`` follows it in this context (:mod:`pb_tensor.numpy_policy`)."""
 
+    __slots__ = ("_bf16", "_token")
 
-@contextlib.contextmanager
-def model_argv() -> Iterator[None]:
-    """``sys.argv`` is ``['']`` while model code runs, as in Triton's stub (an embedded
-    interpreter started without arguments): ``unittest.main("model", exit=False)`` inside a
-    model parses no test names out of the host's command line. The host's own ``argv`` comes
-    back when the last model call of the process returns (calls may overlap in threads)."""
-    global _argv_users, _argv_saved
-    with _argv_lock:
-        if _argv_users == 0:
-            _argv_saved = getattr(sys, "argv", None)
-            sys.argv = [""]
-        _argv_users += 1
-    try:
-        yield
-    finally:
-        with _argv_lock:
-            _argv_users -= 1
-            if _argv_users == 0:
-                if _argv_saved is None:
+    _lock = threading.Lock()
+    _users = 0
+    _saved: list[str] | None = None
+
+    def __init__(self, bf16: bool | None = None) -> None:
+        self._bf16 = bf16
+        self._token: contextvars.Token[bool | None] | None = None
+
+    def __enter__(self) -> None:
+        cls = _ModelCode
+        with cls._lock:
+            if cls._users == 0:
+                cls._saved = getattr(sys, "argv", None)
+                sys.argv = [""]
+            cls._users += 1
+        if self._bf16 is not None:
+            self._token = bf16_numpy_context(self._bf16)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            reset_bf16_numpy_context(self._token)
+            self._token = None
+        cls = _ModelCode
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0:
+                if cls._saved is None:
                     del sys.argv
                 else:
-                    sys.argv = _argv_saved
-                _argv_saved = None
+                    sys.argv = cls._saved
+                cls._saved = None
+
+
+def model_argv() -> contextlib.AbstractContextManager[None]:
+    """A context in which ``sys.argv`` is ``['']``, as model code sees it in Triton's stub
+    (import and ``auto_complete_config`` run in it; :class:`ModelHost` uses it for every
+    other call)."""
+    return _ModelCode()
 
 
 def model_class(module: ModuleType) -> type:
@@ -262,6 +288,10 @@ class ModelHost:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
 
+    def _model_code(self) -> _ModelCode:
+        # argv [''], BF16 as_numpy() refused unless the repository opted in.
+        return _ModelCode(self.info.bf16_as_numpy)
+
     # -- lifecycle ----------------------------------------------------------------------------
     def initialize(self) -> None:
         """Instantiate the class and call ``initialize(args)`` when defined.
@@ -271,7 +301,7 @@ class ModelHost:
         """
         previous = set_backend(self._backend)
         try:
-            with model_argv():
+            with self._model_code():
                 self._instance = self._cls()
                 init = getattr(self._instance, "initialize", None)
                 if init is not None:
@@ -300,7 +330,7 @@ class ModelHost:
             return self._instance is not None, None
         previous = set_backend(self._backend)
         try:
-            with model_argv():
+            with self._model_code():
                 result = fn()
         except Exception as exc:
             return False, format_exception(exc)
@@ -318,7 +348,7 @@ class ModelHost:
         try:
             fin = getattr(instance, "finalize", None)
             if fin is not None:
-                with model_argv():
+                with self._model_code():
                     fin()
         except Exception as exc:
             log.error("finalize of model '%s' raised: %s", self.info.name, exc)
@@ -402,7 +432,7 @@ class ModelHost:
                 f"Python model {self.info.model_path} does not implement `execute` method."
             )
         try:
-            with model_argv():
+            with self._model_code():
                 returned = instance.execute(requests)
                 if type(returned) is not list and asyncio.iscoroutine(returned):
                     if self._loop is None:

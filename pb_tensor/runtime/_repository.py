@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Iterator
@@ -105,11 +106,26 @@ class ModelRepository:
     A context manager: closing it unloads every model it loaded (BLS targets included) and
     removes the shared-memory pool the stubs use.
 
+    Two opt-ins relax what the models it serves may do, where pb-tensor is more permissive
+    than Triton (both off by default, so that a model passing here passes in Triton):
+    ``bf16_as_numpy`` lets ``as_numpy()`` of a BF16 tensor inside a model give an
+    ``ml_dtypes.bfloat16`` view (Triton raises); ``share_inputs`` hands in-process models
+    the caller's host arrays without copying them (a model writing into an input then
+    changes the caller's array; Triton's models write into a copy).
+
     Raises:
         ModelLoadError: ``path`` is not a directory.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        bf16_as_numpy: bool = False,
+        share_inputs: bool = False,
+    ) -> None:
+        self._bf16_as_numpy = bool(bf16_as_numpy)
+        self._share_inputs = bool(share_inputs)
         self._path = os.path.abspath(os.fspath(path))
         if not os.path.isdir(self._path):
             raise ModelLoadError(f"model repository {self._path!r} is not a directory")
@@ -242,6 +258,9 @@ class ModelRepository:
             _schema.normalize_instance_groups(final)
             _schema.validate(final, model_dir)
             info = _host_info(final, name, version, model_dir, model_path)
+            info = dataclasses.replace(
+                info, bf16_as_numpy=self._bf16_as_numpy, share_inputs=self._share_inputs
+            )
             model = LoadedModel(
                 self, name=name, version=version, config=_schema.config_to_dict(final),
                 spec=ModelSpec.from_config(final), isolated=isolated,

@@ -22,6 +22,7 @@ from typing import Any
 
 from pb_tensor import Tensor
 from pb_tensor.errors import TritonModelException
+from pb_tensor.numpy_policy import set_bf16_numpy_default
 from pb_tensor.runtime._channel import Channel, ChannelClosed, Message
 from pb_tensor.runtime._host import (
     HostInfo,
@@ -323,6 +324,8 @@ class _Stub:
 
     def init(self, body: dict[str, Any]) -> None:
         self.info = HostInfo(**body)
+        # The whole process is the model's: its own threads follow the repository's choice.
+        set_bf16_numpy_default(self.info.bf16_as_numpy)
         if self.cls is None:
             self.channel.send("failed", "the model was not loaded")
             return

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import dlpack_ctypes
 from pb_tensor import Tensor, TritonDtype, bytes_codec
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._placement import place
@@ -26,6 +27,9 @@ __all__ = [
     "to_tensor",
 ]
 
+_BF16 = TritonDtype.TYPE_BF16
+_BF16_DL = dlpack_ctypes.DataType(dlpack_ctypes.DLDataTypeCode.kDLBfloat, 16, 1)
+
 InputValue = Any
 """An input value: a ``Tensor``, a numpy array, anything with ``__dlpack__`` (torch, JAX),
 or what ``numpy.asarray`` accepts (lists of numbers, of ``str`` or ``bytes`` for BYTES)."""
@@ -41,7 +45,8 @@ def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
     """An input value as a ``Tensor`` named ``name`` (zero-copy where the value allows).
 
     Plain Python values (numbers, lists) take ``dtype`` (the configured numpy type), as a
-    JSON request body does in Triton; arrays and tensors keep their own.
+    JSON request body does in Triton; arrays and tensors keep their own. An
+    ``ml_dtypes.bfloat16`` array becomes a BF16 tensor, as a Triton client sends it.
 
     Raises:
         TritonModelException: a dtype Triton has no type for.
@@ -56,6 +61,9 @@ def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
         # The same memory under the input's name: GPU and BF16 tensors have no numpy view.
         return Tensor.from_dlpack(name, value)
     if isinstance(value, np.ndarray):
+        if value.dtype.name == "bfloat16":
+            # ml_dtypes' bfloat16, what a Triton client sends as BF16.
+            return _bf16_tensor(name, value)
         array = value
     elif hasattr(value, "__dlpack__") and not isinstance(value, (bytes, str)):
         return Tensor.from_dlpack(name, value)
@@ -77,23 +85,49 @@ def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
     return Tensor(name, array)
 
 
-def as_delivered(tensors: list[Tensor]) -> list[Tensor]:
+def as_delivered(tensors: list[Tensor], *, copy: bool = False) -> list[Tensor]:
     """``tensors`` as Triton delivers them across processes (what isolated mode does by
     itself): a BYTES tensor holding anything but ``bytes`` objects (``str``, ``np.bytes_``,
     an ``S`` array, numbers) becomes the object array of ``bytes`` its wire format gives.
-    The list is returned as is when nothing changes."""
+    With ``copy``, every host tensor is also copied, as Triton copies a request's inputs into
+    shared memory: a model writing into its inputs does not change the caller's arrays. GPU
+    tensors pass as they are. The list is returned as is when nothing changes."""
     out = tensors
     for i, tensor in enumerate(tensors):
-        if tensor.triton_dtype() is not TritonDtype.TYPE_BYTES:
-            continue
-        array = tensor.as_numpy()
-        if array.dtype.kind == "O" and all(type(x) is bytes for x in array.flat):
+        dtype = tensor.triton_dtype()
+        if dtype is TritonDtype.TYPE_BYTES:
+            array = tensor.as_numpy()
+            if array.dtype.kind == "O" and all(type(x) is bytes for x in array.flat):
+                if not copy:
+                    continue
+                new = Tensor(tensor.name(), array.copy())
+            else:
+                wire = bytes_codec.deserialize(bytes_codec.serialize(array), array.size)
+                new = Tensor(tensor.name(), wire.reshape(array.shape))
+        elif copy and tensor.is_cpu():
+            try:
+                array = np.array(tensor.as_numpy())
+            except TritonModelException:  # BF16 without ml_dtypes: nothing to copy it with
+                continue
+            new = _bf16_tensor(tensor.name(), array) if dtype is _BF16 else Tensor(
+                tensor.name(), array
+            )
+        else:
             continue
         if out is tensors:
             out = list(tensors)
-        wire = bytes_codec.deserialize(bytes_codec.serialize(array), array.size)
-        out[i] = Tensor(tensor.name(), wire.reshape(array.shape))
+        out[i] = new
     return out
+
+
+def _bf16_tensor(name: str, array: npt.NDArray[Any]) -> Tensor:
+    """A BF16 tensor over an ``ml_dtypes.bfloat16`` array (zero-copy; numpy cannot export that
+    dtype through DLPack, so the memory is exported as such here)."""
+    array = np.ascontiguousarray(array)
+    capsule = dlpack_ctypes.export_buffer(
+        array, array.ctypes.data, array.shape, None, _BF16_DL, readonly=not array.flags.writeable
+    )
+    return Tensor.from_dlpack(name, capsule)
 
 
 def outputs_of(reply: Reply) -> Outputs:
