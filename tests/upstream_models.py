@@ -32,6 +32,7 @@ def repository(
     models: Mapping[str, Path],
     *,
     config_edit: Mapping[str, Callable[[str], str]] | None = None,
+    files: Mapping[str, tuple[Path, Path | None]] | None = None,
 ) -> Path:
     """Lay out ``models`` (model name -> upstream folder holding ``model.py`` and, usually,
     ``config.pbtxt``) as a Triton model repository under ``dest``; returns ``dest``.
@@ -40,10 +41,25 @@ def repository(
     ``model.py``, as the copies in upstream's scripts put them. ``config_edit[name]`` rewrites
     that model's configuration text (what a ``sed`` in ``test.sh`` does).
 
+    ``files`` lays out models whose upstream files have other names, as the examples' READMEs
+    copy them (``cp examples/bls/sync_model.py models/bls_sync/1/model.py``): model name ->
+    (the Python file, copied as ``model.py``; the configuration, copied as ``config.pbtxt``,
+    or None for a model that completes its own).
+
     Raises:
-        FileNotFoundError: a source folder or its ``model.py`` is missing.
+        FileNotFoundError: a source folder or its ``model.py`` is missing, or a file of
+            ``files``.
     """
     edits = config_edit or {}
+    for name, (model_file, config_file) in (files or {}).items():
+        version = dest / name / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        shutil.copy(model_file, version / "model.py")
+        if config_file is not None:
+            text = config_file.read_text()
+            if name in edits:
+                text = edits[name](text)
+            (dest / name / "config.pbtxt").write_text(text)
     for name, source in models.items():
         if not (source / "model.py").is_file():
             raise FileNotFoundError(f"no model.py in upstream folder {source}")
