@@ -7,7 +7,10 @@ Sources (each test names its own):
   copy them;
 * the server's ``qa/L0_backend_python/python_test.py`` and ``test.sh`` for the
   ``qa/python_models`` it loads (``identity_bool`` is ``identity_fp32`` with test.sh's ``sed``);
-* the server's ``qa/L0_backend_python/bls/test.sh`` for ``bls_init_error`` (the load fails).
+* the server's ``qa/L0_backend_python/bls/test.sh`` for ``bls_init_error`` (the load fails);
+* the server's ``qa/L0_backend_python/lifecycle`` (``lifecycle_test.py``, ``test.sh``) for
+  ``error_code``, ``execute_error``, ``wrong_model``, ``init_error``, ``fini_error`` and
+  ``auto_complete_error``.
 
 One repository per module; each model is loaded once per mode.
 """
@@ -23,12 +26,14 @@ import pytest
 from upstream_models import EXAMPLES, PYTHON_MODELS, repository
 
 from pb_tensor.runtime import InferenceError, LoadedModel, ModelLoadError, ModelRepository
+from pb_tensor.utils import TritonError
 
 QA = {
     name: PYTHON_MODELS / name
     for name in (
         "identity_fp32", "identity_bf16", "init_args", "optional", "non_contiguous", "string",
-        "string_fixed", "multi_file", "bls_init_error",
+        "string_fixed", "multi_file", "bls_init_error", "error_code", "execute_error",
+        "wrong_model", "init_error", "fini_error", "auto_complete_error",
     )
 }  # fmt: skip
 QA["identity_bool"] = PYTHON_MODELS / "identity_fp32"
@@ -65,11 +70,16 @@ NON_DECOUPLED_EXAMPLES = [
 ]  # fmt: skip
 
 
-def _identity_bool(text: str) -> str:
-    # test.sh: sed -i "s/^name:.*/name: \"identity_bool\"/"; sed -i "s/TYPE_FP32/TYPE_BOOL/g"
-    lines = ['name: "identity_bool"' if line.startswith("name:") else line
-             for line in text.splitlines()]  # fmt: skip
-    return "\n".join(lines).replace("TYPE_FP32", "TYPE_BOOL") + "\n"
+def _sed(name: str, dtype: str | None = None) -> Callable[[str], str]:
+    """test.sh's ``sed -i "s/^name:.*/name: \"<name>\"/"`` (and ``s/TYPE_FP32/<dtype>/g``)."""
+
+    def edit(text: str) -> str:
+        lines = [f'name: "{name}"' if line.startswith("name:") else line
+                 for line in text.splitlines()]  # fmt: skip
+        out = "\n".join(lines) + "\n"
+        return out if dtype is None else out.replace("TYPE_FP32", dtype)
+
+    return edit
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +88,12 @@ def triton_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     checks ``args["model_repository"]`` against it)."""
     root = tmp_path_factory.mktemp("triton")
     models = root / "qa" / "L0_backend_python" / "models"
-    repository(models, QA, config_edit={"identity_bool": _identity_bool}, files=EXAMPLE_FILES)
+    edits = {
+        "identity_bool": _sed("identity_bool", "TYPE_BOOL"),  # L0_backend_python/test.sh
+        "execute_error": _sed("execute_error"),  # lifecycle/test.sh
+        "wrong_model": _sed("wrong_model", "TYPE_UINT32"),  # lifecycle/test.sh
+    }
+    repository(models, QA, config_edit=edits, files=EXAMPLE_FILES)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITON_DIR", str(root))
         yield models
@@ -305,6 +320,69 @@ def test_qa_bls_init_error(load: Callable[[str], LoadedModel]) -> None:
     with pytest.raises(ModelLoadError) as e:
         load("bls_init_error")
     assert "BLS is only supported during the 'execute' function." in str(e.value)
+
+
+# -- qa/L0_backend_python/lifecycle (lifecycle_test.py, test.sh) ----------------------------------
+
+
+def test_qa_error_code(load: Callable[[str], LoadedModel]) -> None:
+    # lifecycle_test.py test_error_code: the gRPC status names the code; here it is the code.
+    model = load("error_code")
+    for error in ["UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE",
+                  "UNSUPPORTED", "ALREADY_EXISTS", "CANCELLED", "(default)"]:  # fmt: skip
+        with pytest.raises(InferenceError) as e:
+            model.infer({"ERROR_CODE": np.array([[error]], dtype=np.object_)})
+        if error == "(default)":
+            assert e.value.message() == "unrecognized error code: (default)"
+            assert e.value.code() is TritonError.INTERNAL
+        else:
+            assert e.value.message() == "error code: " + error
+            assert e.value.code() is getattr(TritonError, error)
+
+
+def test_qa_batch_error(load: Callable[[str], LoadedModel]) -> None:
+    # lifecycle_test.py test_batch_error: three requests in one batch (test.sh's dynamic
+    # batcher gathers them); the first and third fail, the second passes.
+    rng = np.random.default_rng(0)
+    input_datas = [rng.standard_normal((2, 2)).astype(np.float32) for _ in range(3)]
+    results = load("execute_error").infer_many([{"IN": x} for x in input_datas])
+    assert isinstance(results[0], InferenceError)
+    assert isinstance(results[2], InferenceError)
+    assert not isinstance(results[1], InferenceError)
+    assert np.array_equal(results[1]["OUT"], input_datas[1])
+
+
+def test_qa_infer_pymodel_error(load: Callable[[str], LoadedModel]) -> None:
+    # lifecycle_test.py test_infer_pymodel_error
+    input_data = (16384 * np.random.default_rng(0).standard_normal((2, 2))).astype(np.uint32)
+    with pytest.raises(InferenceError) as e:
+        load("wrong_model").infer({"IN": input_data})
+    assert e.value.message().startswith("Failed to process the request(s) for model ")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("init_error", "name 'lorem_ipsum' is not defined"),
+     ("auto_complete_error", "name 'undefined_variable' is not defined")],
+)  # fmt: skip
+def test_qa_load_errors(load: Callable[[str], LoadedModel], name: str, text: str) -> None:
+    # lifecycle/test.sh: the server fails to start and its log names the Python error.
+    with pytest.raises(ModelLoadError) as e:
+        load(name)
+    assert text in str(e.value)
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_qa_fini_error(
+    triton_dir: Path, isolated: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # lifecycle/test.sh: the server stops and its log names finalize's error.
+    with ModelRepository(triton_dir) as repo:
+        model = repo.load("fini_error", isolated=isolated, timeout=120)
+        with caplog.at_level("ERROR", logger="pb_tensor.runtime"):
+            model.unload()
+    assert any("name 'undefined_variable' is not defined" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
 
 
 # -- both modes give the same results (issue 18 item 4) ---------------------------------------
