@@ -7,7 +7,8 @@ Sources (each test names its own):
   copy them;
 * the server's ``qa/L0_backend_python/python_test.py`` and ``test.sh`` for the
   ``qa/python_models`` it loads (``identity_bool`` is ``identity_fp32`` with test.sh's ``sed``);
-* the server's ``qa/L0_backend_python/bls/test.sh`` for ``bls_init_error`` (the load fails);
+* the server's ``qa/L0_backend_python/bls/test.sh`` for ``bls_init_error`` (the load fails) and
+  ``argument_validation/test.sh`` for its model (``test_infer_shm_leak.py``'s check);
 * the server's ``qa/L0_backend_python/lifecycle`` (``lifecycle_test.py``, ``test.sh``) for
   ``error_code``, ``execute_error``, ``wrong_model``, ``init_error``, ``fini_error`` and
   ``auto_complete_error``.
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from upstream_models import EXAMPLES, PYTHON_MODELS, repository
+from upstream_models import EXAMPLES, PYTHON_MODELS, QA_BACKEND_PYTHON, repository
 
 from pb_tensor.runtime import InferenceError, LoadedModel, ModelLoadError, ModelRepository
 from pb_tensor.utils import TritonError
@@ -65,6 +66,11 @@ EXAMPLE_FILES: dict[str, tuple[Path, Path | None]] = {
     "batch_auto_complete": (EXAMPLES / "auto_complete" / "batch_model.py", None),
 }  # fmt: skip
 
+_ARGS = QA_BACKEND_PYTHON / "argument_validation" / "models" / "argument_validation"
+QA_FILES: dict[str, tuple[Path, Path | None]] = {
+    "argument_validation": (_ARGS / "1" / "model.py", _ARGS / "config.pbtxt"),
+}
+
 NON_DECOUPLED_EXAMPLES = [
     "add_sub", "pytorch", "jax", "custom_metrics", "bls_sync", "bls_async",
 ]  # fmt: skip
@@ -93,7 +99,7 @@ def triton_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         "execute_error": _sed("execute_error"),  # lifecycle/test.sh
         "wrong_model": _sed("wrong_model", "TYPE_UINT32"),  # lifecycle/test.sh
     }
-    repository(models, QA, config_edit=edits, files=EXAMPLE_FILES)
+    repository(models, QA, config_edit=edits, files={**EXAMPLE_FILES, **QA_FILES})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRITON_DIR", str(root))
         yield models
@@ -320,6 +326,13 @@ def test_qa_bls_init_error(load: Callable[[str], LoadedModel]) -> None:
     with pytest.raises(ModelLoadError) as e:
         load("bls_init_error")
     assert "BLS is only supported during the 'execute' function." in str(e.value)
+
+
+def test_qa_argument_validation(load: Callable[[str], LoadedModel]) -> None:
+    # argument_validation/test.sh runs test_infer_shm_leak.py: no inputs, and OUTPUT0 == [1]
+    # when the unittest.main("model", exit=False) run inside execute passed.
+    output0 = load("argument_validation").infer({})["OUTPUT0"]
+    assert output0 == [1], "python_unittest failed for model argument_validation"
 
 
 # -- qa/L0_backend_python/lifecycle (lifecycle_test.py, test.sh) ----------------------------------
