@@ -9,6 +9,8 @@ Sources (each test names its own):
   ``qa/python_models`` it loads (``identity_bool`` is ``identity_fp32`` with test.sh's ``sed``);
 * the server's ``qa/L0_backend_python/bls/test.sh`` for ``bls_init_error`` (the load fails) and
   ``argument_validation/test.sh`` for its model (``test_infer_shm_leak.py``'s check);
+* ``qa/L0_backend_python/io/io_test.py`` for qa ``add_sub`` (laid out as ``qa_add_sub``: the
+  example of the same name is in the same repository);
 * the server's ``qa/L0_backend_python/lifecycle`` (``lifecycle_test.py``, ``test.sh``) for
   ``error_code``, ``execute_error``, ``wrong_model``, ``init_error``, ``fini_error`` and
   ``auto_complete_error``.
@@ -37,6 +39,7 @@ QA = {
         "wrong_model", "init_error", "fini_error", "auto_complete_error",
     )
 }  # fmt: skip
+QA["qa_add_sub"] = PYTHON_MODELS / "add_sub"  # io/test.sh's add_sub (the examples' is "add_sub")
 QA["identity_bool"] = PYTHON_MODELS / "identity_fp32"
 
 EXAMPLE_FILES: dict[str, tuple[Path, Path | None]] = {
@@ -333,6 +336,21 @@ def test_qa_argument_validation(load: Callable[[str], LoadedModel]) -> None:
     # when the unittest.main("model", exit=False) run inside execute passed.
     output0 = load("argument_validation").infer({})["OUTPUT0"]
     assert output0 == [1], "python_unittest failed for model argument_validation"
+
+
+def test_qa_requested_output_default(load: Callable[[str], LoadedModel]) -> None:
+    # io/io_test.py test_requested_output_default (qa add_sub)
+    rng = np.random.default_rng(0)
+    input0_data, input1_data = (rng.random(16).astype(np.float32) for _ in range(2))
+    inputs = {"INPUT0": input0_data, "INPUT1": input1_data}
+    model = load("qa_add_sub")
+    outputs = model.infer(inputs, requested_outputs=["OUTPUT1"])
+    assert len(outputs) == 1
+    assert np.allclose(input0_data - input1_data, outputs["OUTPUT1"])
+    outputs = model.infer(inputs)  # without requested outputs: all of them
+    assert len(outputs) == len(inputs)
+    assert np.allclose(input0_data + input1_data, outputs["OUTPUT0"])
+    assert np.allclose(input0_data - input1_data, outputs["OUTPUT1"])
 
 
 # -- qa/L0_backend_python/lifecycle (lifecycle_test.py, test.sh) ----------------------------------
