@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import queue
+import signal
 import socket
 import subprocess
 import sys
@@ -210,6 +211,7 @@ class StubEngine:
         # typeshed's finalize takes the callback's ParamSpec and return type, which a stored
         # finalizer of any callback cannot name.
         self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
+        self._log_level = logging.NOTSET
 
     # -- process ------------------------------------------------------------------------------
     @property
@@ -243,10 +245,10 @@ class StubEngine:
             theirs.close()
         self.channel = Channel(Connection(ours.detach()), self.pool)
         self._finalizer = weakref.finalize(self, _kill, self.proc, self.channel)
+        self._log_level = _wanted_log_level(self.name)
         body = {
             "name": self.name, "model_path": self.model_path, "config": config,
-            "sys_path": list(sys.path),
-            "log_level": logging.getLogger("pb_tensor.runtime").getEffectiveLevel(),
+            "sys_path": list(sys.path), "log_level": self._log_level,
         }  # fmt: skip
         self.channel.send("load", body)
         kind, _, result = self._expect(("loaded", "failed"), _STARTUP_TIMEOUT)
@@ -255,6 +257,14 @@ class StubEngine:
             raise StubFailure(result)
         loaded: dict[str, Any] = result
         return loaded
+
+    def _sync_log_level(self, channel: Channel) -> None:
+        # A level changed while the model is loaded (Triton's logging endpoint) reaches the
+        # stub before its next call: the stub drops records below its level unsent.
+        level = _wanted_log_level(self.name)
+        if level != self._log_level:
+            channel.send("log_level", level)
+            self._log_level = level
 
     def initialize(self, info: HostInfo) -> None:
         """Send ``initialize(args)`` to a spawned stub.
@@ -337,6 +347,7 @@ class StubEngine:
             body.append((len(r.inputs), r.requested_outputs, r.request_id, r.correlation_id,
                          r.flags, r.parameters, r.timeout_us))
         try:
+            self._sync_log_level(channel)
             channel.send("execute", body, tensors)
             received = 0
             while not tracker.finished:
@@ -360,12 +371,13 @@ class StubEngine:
                 # with the next request, so large responses do not stay pinned while idle.
                 channel.send("ack")
         except ChannelClosed:
+            ended = _how_it_ended(self.proc)
             self.kill()
             yield from tracker.fail(
                 InferenceError(
                     f"Failed to process the request(s) for model instance "
                     f"'{info.instance_name}', message: Stub process '{info.instance_name}' is "
-                    "not healthy.",
+                    f"not healthy.{ended}",
                     TritonError.INTERNAL,
                 )
             )
@@ -439,6 +451,7 @@ class StubEngine:
         proc, channel = self.proc, self.channel
         if proc is not None and channel is not None and proc.poll() is None:
             try:
+                self._sync_log_level(channel)
                 channel.send("finalize")
                 deadline = time.monotonic() + _FINALIZE_TIMEOUT
                 while True:
@@ -464,12 +477,44 @@ def _batched(replies: list[tuple[Any, ...]], tensors: list[Tensor]) -> Iterator[
         at += count
 
 
+def _wanted_log_level(model_name: str) -> int:
+    """The lowest level a stub must send: that of the runtime's logger or of the model's."""
+    return min(
+        logging.getLogger("pb_tensor.runtime").getEffectiveLevel(),
+        # pb_utils.Logger's records go to this child (pb_tensor.utils' LOGGER_NAME + name).
+        logging.getLogger(f"pb_tensor.runtime.model.{model_name}").getEffectiveLevel(),
+    )
+
+
+def _how_it_ended(proc: subprocess.Popen[bytes] | None) -> str:
+    """`` It exited with code N.`` / `` It was killed by signal N (SIGX).`` for a stub whose
+    channel closed; empty when it is still running after a short wait."""
+    if proc is None:
+        return ""
+    try:
+        code = proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        return ""
+    if code >= 0:
+        return f" It exited with code {code}."
+    try:
+        name = f" ({signal.Signals(-code).name})"
+    except ValueError:
+        name = ""
+    return f" It was killed by signal {-code}{name}."
+
+
 def _emit(body: dict[str, Any], pid: int | None) -> None:
     """Re-emit a stub's log record in this process's ``logging``."""
     logger = logging.getLogger(body["name"])
     if not logger.isEnabledFor(body["levelno"]):
         return
+    pathname = body.get("pathname") or ""
+    # makeLogRecord leaves filename and module empty: derive them as LogRecord does, so
+    # formats such as pytest's "%(filename)s:%(lineno)d" name the model's file.
+    filename = os.path.basename(pathname)
     record = logging.makeLogRecord(
-        {**body, "args": None, "exc_info": None, "process": pid}
-    )
+        {**body, "args": None, "exc_info": None, "process": pid, "filename": filename,
+         "module": os.path.splitext(filename)[0]}
+    )  # fmt: skip
     logger.handle(record)

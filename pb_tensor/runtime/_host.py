@@ -153,8 +153,17 @@ def load_model_module(model_path: str, model_name: str) -> ModuleType:
         sys.modules.pop(module_name, None)
         if not isinstance(exc, Exception | SystemExit):
             raise
-        raise UserModelError(format_exception(exc)) from exc
+        raise UserModelError(_load_error(exc)) from exc
     return module
+
+
+def _load_error(exc: BaseException) -> str:
+    """Triton's text for an import that raised; for a ``SyntaxError``, the file, line and
+    caret as Python prints them for a script instead of importlib's frames."""
+    if not isinstance(exc, SyntaxError):
+        return format_exception(exc)
+    where = traceback.format_exception_only(exc)[:-1]
+    return f"{type(exc).__name__}: {exc}\n\n" + "".join(where).rstrip("\n")
 
 
 def model_class(module: ModuleType) -> type:
@@ -303,7 +312,9 @@ class ModelHost:
                 f"Failed to process the request(s) for model '{self.info.instance_name}', "
                 f"message: {error}"
             )
-            log.error("%s", error)
+            # The caller gets this text as an InferenceError too: handlers that print the
+            # caller's errors (the command line) skip records so marked.
+            log.error("%s", error, extra={"reported_to_caller": True})
         if error is not None or not self.info.decoupled:
             # Senders made from now on come closed; close the ones the model took (none
             # when every response went out directly: later senders count those as sent).
