@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -153,8 +154,9 @@ def test_layout_hints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     )
 
 
-def test_load_errors(tmp_path: Path, repo: Path) -> None:
-    """Item 4: a SyntaxError shows file, line and caret; a crashed stub its exit code."""
+def test_load_errors(tmp_path: Path, repo: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Item 4: a SyntaxError shows file, line and caret; a crashed stub its exit code or the
+    signal that killed it."""
     (tmp_path / "syn" / "1").mkdir(parents=True)
     path = tmp_path / "syn" / "1" / "model.py"
     path.write_text("x = 1\ndef f(:\n    pass\n")
@@ -170,6 +172,17 @@ def test_load_errors(tmp_path: Path, repo: Path) -> None:
     assert str(failed.value) == (
         "Failed to process the request(s) for model instance 'crash_0_0', message: Stub "
         "process 'crash_0_0' is not healthy. It exited with code 3."
+    )
+    with ModelRepository(repo) as r, r.load("crash") as model:
+        pid = model.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        with caplog.at_level(logging.ERROR, logger="pb_tensor.runtime"):
+            # Bounded: the killed stub is reaped within the readiness check's own wait.
+            assert model.is_ready() is False
+    assert caplog.messages[-1] == (
+        "readiness check of model 'crash' failed: Stub process 'crash_0_0' is not healthy. "
+        "It was killed by signal 9 (SIGKILL)."
     )
 
 
@@ -205,7 +218,7 @@ def test_check_smoke(repo: Path) -> None:
                                            "MODEL:NAME=VALUE\n")
 
 
-@pytest.mark.parametrize("flags, shown, hidden", [
+@pytest.mark.parametrize(("flags", "shown", "hidden"), [
     ([], ["WARNING model 'loud' (model.py:8): careful"], ["VERBOSE"]),
     (["-v"], ["WARNING model 'loud' (model.py:8): careful",
               "VERBOSE model 'loud' (model.py:9): details"], []),
@@ -249,8 +262,10 @@ def test_pytest_fixture(tmp_path: Path) -> None:
     assert "E       pb_tensor.runtime._errors.InferenceError: Failed to process the request(s)" \
         " for model 'loud_0_0', message: ValueError: bad input" in out
     assert f"E         {tests / 'models' / 'loud' / '1' / 'model.py'}(13): execute" in out
-    assert "def infer(" not in out and "_model.py" not in out
+    assert "def infer(" not in out
+    assert "_model.py" not in out
     assert "WARNING  pb_tensor.runtime.model.loud:model.py:8 careful" in out
+    assert "ERROR    pb_tensor.runtime:model.py:13 Failed to process the request(s)" in out
     half_built = ModelRepository.__new__(ModelRepository)
     assert repr(half_built) == "<ModelRepository None, 0 loaded>"
 

@@ -426,12 +426,13 @@ class StubEngine:
     def is_ready(self) -> tuple[bool, str | None]:
         name = self.info.instance_name if self.info is not None else self.name
         if self.channel is None or not self.alive:
-            return False, f"Stub process '{name}' is not healthy."
+            return False, f"Stub process '{name}' is not healthy.{_how_it_ended(self.proc)}"
+        proc = self.proc
         try:
             self.channel.send("is_ready")
             _, _, (ready, error) = self._expect(("ready_state",), 30.0)
         except StubFailure:
-            return False, f"Stub process '{name}' is not healthy."
+            return False, f"Stub process '{name}' is not healthy.{_how_it_ended(proc)}"
         return bool(ready), error
 
     def metrics(self) -> dict[str, Any]:

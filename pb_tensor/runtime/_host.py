@@ -216,6 +216,8 @@ class ModelHost:
         self._instance: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        # (file, line, function) of the model's frame where the last failed execute raised.
+        self._raised_at: tuple[str, int, str] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def initialize(self) -> None:
@@ -312,9 +314,8 @@ class ModelHost:
                 f"Failed to process the request(s) for model '{self.info.instance_name}', "
                 f"message: {error}"
             )
-            # The caller gets this text as an InferenceError too: handlers that print the
-            # caller's errors (the command line) skip records so marked.
-            log.error("%s", error, extra={"reported_to_caller": True})
+            _log_execute_error(error, self._raised_at)
+            self._raised_at = None
         if error is not None or not self.info.decoupled:
             # Senders made from now on come closed; close the ones the model took (none
             # when every response went out directly: later senders count those as sent).
@@ -339,6 +340,7 @@ class ModelHost:
                 returned = self._loop.run_until_complete(returned)
             return self._process_returned(batch, returned)
         except (Exception, SystemExit) as exc:
+            self._raised_at = _model_frame(exc, self.info.model_path)
             return format_exception(exc)
 
     def _process_returned(self, batch: Batch, returned: object) -> str | None:
@@ -380,6 +382,30 @@ class ModelHost:
             except TritonModelException as exc:
                 return str(exc)
         return None
+
+
+def _model_frame(exc: BaseException, model_path: str) -> tuple[str, int, str] | None:
+    """The innermost frame of ``exc``'s traceback in the model's file, if any."""
+    path = os.path.abspath(model_path)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if os.path.abspath(f.filename) == path]  # fmt: skip
+    if not frames:
+        return None
+    return frames[-1].filename, frames[-1].lineno or 0, frames[-1].name
+
+
+def _log_execute_error(error: str, raised_at: tuple[str, int, str] | None) -> None:
+    # The caller gets this text as an InferenceError too: handlers that print the caller's
+    # errors (the command line) skip records so marked.
+    extra = {"reported_to_caller": True}
+    if raised_at is None or not log.isEnabledFor(logging.ERROR):
+        log.error("%s", error, extra=extra)
+        return
+    # The record names the model's line that raised (pytest's captured log shows it), not
+    # the runtime's.
+    filename, lineno, function = raised_at
+    log.handle(log.makeRecord(log.name, logging.ERROR, filename, lineno, "%s", (error,), None,
+                              function, extra))  # fmt: skip
 
 
 class Batch:
