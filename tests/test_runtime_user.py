@@ -69,10 +69,10 @@ def _cli(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    """add_sub and decoupled_repeat (examples), a model that prints, logs and raises, and one
-    whose stub exits with code 3."""
+    """add_sub, bls_add_sub and decoupled_repeat (examples), a model that prints, logs and
+    raises, and one whose stub exits with code 3."""
     root = tmp_path / "repo"
-    for name in ("add_sub", "decoupled_repeat"):
+    for name in ("add_sub", "bls_add_sub", "decoupled_repeat"):
         shutil.copytree(EXAMPLES / name, root / name)
     (root / "loud" / "1").mkdir(parents=True)
     (root / "loud" / "1" / "model.py").write_text(_LOUD)
@@ -192,17 +192,20 @@ def test_check_smoke(repo: Path) -> None:
     r = _cli("-m", "pb_tensor", "check", "--smoke", str(repo),
              "-i", "add_sub:INPUT0=[1, 2, 3]", "-i", "add_sub:INPUT1=[1, 1, 1]")  # fmt: skip
     assert r.returncode == 1, r.stdout + r.stderr
+    # Nothing outside the table: add_sub's finalize record (as bls_add_sub's BLS target) is
+    # captured with bls_add_sub's row.
     assert r.stderr == ""
     # Times vary: replace them before comparing.
     out = re.sub(r"\(\d+\.\d s\)", "(T)", r.stdout).splitlines()
     path = repo / "loud" / "1" / "model.py"
-    assert out[:4] == [
-        "[1/4] add_sub           ok      (T) outputs OUTPUT0 [3], OUTPUT1 [3]",
-        "[2/4] crash             FAILED  (T) Failed to process the request(s) for model "
+    assert out[:5] == [
+        "[1/5] add_sub           ok      (T) outputs OUTPUT0 [3], OUTPUT1 [3]",
+        "[2/5] bls_add_sub       ok      (T) outputs OUTPUT0 [1], OUTPUT1 [1]",
+        "[3/5] crash             FAILED  (T) Failed to process the request(s) for model "
         "instance 'crash_0_0', message: Stub process 'crash_0_0' is not healthy. It exited "
         "with code 3.",
-        "[3/4] decoupled_repeat  ok      (T) 1 response(s)",
-        "[4/4] loud              FAILED  (T) Failed to process the request(s) for model "
+        "[4/5] decoupled_repeat  ok      (T) 1 response(s)",
+        "[5/5] loud              FAILED  (T) Failed to process the request(s) for model "
         "'loud_0_0', message: ValueError: bad input",
     ]
     assert " " * 26 + f"{path}(13): execute" in out
@@ -212,7 +215,7 @@ def test_check_smoke(repo: Path) -> None:
         "                          WARNING model 'loud' (model.py:8): careful",
         "                          executing",
     ]
-    assert out[-1] == "4 model(s), 2 with problems"
+    assert out[-1] == "5 model(s), 2 with problems"
     r = _cli("-m", "pb_tensor", "check", "--smoke", str(repo), "-i", "add_sub=1")
     assert (r.returncode, r.stderr) == (2, "error: --input 'add_sub=1': expected "
                                            "MODEL:NAME=VALUE\n")

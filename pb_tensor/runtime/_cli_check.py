@@ -204,6 +204,10 @@ def check(args: argparse.Namespace) -> int:
                     detail = _one(repo, name, args, overrides.get(name, []))
                 except (ModelLoadError, InferenceError, ValueError, TypeError) as exc:
                     error = str(exc)
+                finally:
+                    # BLS targets this model loaded finalize now, their output in its capture.
+                    for target in names:
+                        repo.control("unload_model", (target, False), False)
             took = f"({time.monotonic() - start:.1f} s)"
             if error is None:
                 sys.stdout.write(f"ok      {took} {detail}\n")
