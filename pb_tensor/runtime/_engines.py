@@ -12,7 +12,6 @@ import contextlib
 import logging
 import os
 import queue
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pb_tensor.runtime._host import (
     RequestData,
 )
 from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
+from pb_tensor.runtime._stub_report import emit_record, how_it_ended, wanted_log_level
 from pb_tensor.runtime._tracker import FINAL, Reply, Tracker
 from pb_tensor.shm import SharedMemoryPool
 
@@ -245,7 +245,7 @@ class StubEngine:
             theirs.close()
         self.channel = Channel(Connection(ours.detach()), self.pool)
         self._finalizer = weakref.finalize(self, _kill, self.proc, self.channel)
-        self._log_level = _wanted_log_level(self.name)
+        self._log_level = wanted_log_level(self.name)
         body = {
             "name": self.name, "model_path": self.model_path, "config": config,
             "sys_path": list(sys.path), "log_level": self._log_level,
@@ -261,7 +261,7 @@ class StubEngine:
     def _sync_log_level(self, channel: Channel) -> None:
         # A level changed while the model is loaded (Triton's logging endpoint) reaches the
         # stub before its next call: the stub drops records below its level unsent.
-        level = _wanted_log_level(self.name)
+        level = wanted_log_level(self.name)
         if level != self._log_level:
             channel.send("log_level", level)
             self._log_level = level
@@ -314,7 +314,7 @@ class StubEngine:
                     raise TimeoutError(f"no answer within {remaining} s")
             kind, tensors, body = channel.recv()
             if kind == "log":
-                _emit(body, self.pid)
+                emit_record(body, self.pid)
                 continue
             return kind, tensors, body
 
@@ -371,7 +371,7 @@ class StubEngine:
                 # with the next request, so large responses do not stay pinned while idle.
                 channel.send("ack")
         except ChannelClosed:
-            ended = _how_it_ended(self.proc)
+            ended = how_it_ended(self.proc)
             self.kill()
             yield from tracker.fail(
                 InferenceError(
@@ -426,13 +426,13 @@ class StubEngine:
     def is_ready(self) -> tuple[bool, str | None]:
         name = self.info.instance_name if self.info is not None else self.name
         if self.channel is None or not self.alive:
-            return False, f"Stub process '{name}' is not healthy.{_how_it_ended(self.proc)}"
+            return False, f"Stub process '{name}' is not healthy.{how_it_ended(self.proc)}"
         proc = self.proc
         try:
             self.channel.send("is_ready")
             _, _, (ready, error) = self._expect(("ready_state",), 30.0)
         except StubFailure:
-            return False, f"Stub process '{name}' is not healthy.{_how_it_ended(proc)}"
+            return False, f"Stub process '{name}' is not healthy.{how_it_ended(proc)}"
         return bool(ready), error
 
     def metrics(self) -> dict[str, Any]:
@@ -476,46 +476,3 @@ def _batched(replies: list[tuple[Any, ...]], tensors: list[Tensor]) -> Iterator[
         err = None if error is None else InferenceError(error[0], error[1])
         yield Reply(index, tensors[at : at + count], err, parameters, flags, has_response)
         at += count
-
-
-def _wanted_log_level(model_name: str) -> int:
-    """The lowest level a stub must send: that of the runtime's logger or of the model's."""
-    return min(
-        logging.getLogger("pb_tensor.runtime").getEffectiveLevel(),
-        # pb_utils.Logger's records go to this child (pb_tensor.utils' LOGGER_NAME + name).
-        logging.getLogger(f"pb_tensor.runtime.model.{model_name}").getEffectiveLevel(),
-    )
-
-
-def _how_it_ended(proc: subprocess.Popen[bytes] | None) -> str:
-    """`` It exited with code N.`` / `` It was killed by signal N (SIGX).`` for a stub whose
-    channel closed; empty when it is still running after a short wait."""
-    if proc is None:
-        return ""
-    try:
-        code = proc.wait(5.0)
-    except subprocess.TimeoutExpired:
-        return ""
-    if code >= 0:
-        return f" It exited with code {code}."
-    try:
-        name = f" ({signal.Signals(-code).name})"
-    except ValueError:
-        name = ""
-    return f" It was killed by signal {-code}{name}."
-
-
-def _emit(body: dict[str, Any], pid: int | None) -> None:
-    """Re-emit a stub's log record in this process's ``logging``."""
-    logger = logging.getLogger(body["name"])
-    if not logger.isEnabledFor(body["levelno"]):
-        return
-    pathname = body.get("pathname") or ""
-    # makeLogRecord leaves filename and module empty: derive them as LogRecord does, so
-    # formats such as pytest's "%(filename)s:%(lineno)d" name the model's file.
-    filename = os.path.basename(pathname)
-    record = logging.makeLogRecord(
-        {**body, "args": None, "exc_info": None, "process": pid, "filename": filename,
-         "module": os.path.splitext(filename)[0]}
-    )  # fmt: skip
-    logger.handle(record)
