@@ -156,10 +156,11 @@ print("status", status)
     r = _run("-c", textwrap.dedent(code))
     assert r.returncode == 0, r.stderr
     assert r.stdout == "status 1\n"
-    # Run from this clone: the hint names the clone's extra and folder.
+    from pb_tensor._hints import install_hint  # the clone's extra, or protobuf by name
+
     assert r.stderr.startswith(
-        "error: reading Triton model configurations needs protobuf: pip install -e "
-        f'".[runtime]" (in {REPO_ROOT})'
+        "error: reading Triton model configurations needs protobuf: "
+        f"{install_hint('runtime', 'protobuf')} ("
     )
 
 

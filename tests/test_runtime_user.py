@@ -273,17 +273,21 @@ def test_pytest_fixture(tmp_path: Path) -> None:
     assert repr(half_built) == "<ModelRepository None, 0 loaded>"
 
 
-def test_install_hint_for_a_wheel(tmp_path: Path) -> None:
-    """Item 8: installed without a clone around it, the hint names the packages (the clone
-    case is test_runtime_cli.test_without_protobuf)."""
-    (tmp_path / "site" / "pb_tensor").mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "pb_tensor" / "_hints.py", tmp_path / "site" / "pb_tensor")
+@pytest.mark.parametrize("clone", [True, False])
+def test_install_hints(tmp_path: Path, clone: bool) -> None:
+    """Item 8: run from a clone (pyproject.toml of pb-tensor beside the package), the hint
+    names the clone's extra; installed from a wheel, the packages themselves."""
+    (tmp_path / "pb_tensor").mkdir()
+    shutil.copy(REPO_ROOT / "pb_tensor" / "_hints.py", tmp_path / "pb_tensor")
+    if clone:
+        (tmp_path / "pyproject.toml").write_text('[project]\nname = "pb-tensor"\n')
     code = ("import importlib.util, sys\n"
             "spec = importlib.util.spec_from_file_location('h', sys.argv[1])\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
             "print(m.install_hint('runtime', 'protobuf'))\n")  # fmt: skip
-    r = _cli("-c", code, str(tmp_path / "site" / "pb_tensor" / "_hints.py"))
-    assert (r.returncode, r.stdout) == (0, "pip install protobuf\n"), r.stderr
+    r = _cli("-c", code, str(tmp_path / "pb_tensor" / "_hints.py"))
+    expected = f'pip install -e ".[runtime]" (in {tmp_path})' if clone else "pip install protobuf"
+    assert (r.returncode, r.stdout) == (0, expected + "\n"), r.stderr
 
 
 def test_bench_quick(capsys: pytest.CaptureFixture[str]) -> None:
