@@ -106,11 +106,22 @@ Sink = Callable[[int, InferenceResponse | None, int], None]
 """Where responses go: ``sink(request_index, response_or_None, flags)``."""
 
 
+# pb_tensor and dlpack_ctypes stand in for Triton's C++ (the stub, pb_utils): their frames
+# would not be in Triton's traceback.
+_OURS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                 package) + os.sep
+    for package in ("pb_tensor", "dlpack_ctypes")
+)  # fmt: skip
+
+
 def format_exception(exc: BaseException) -> str:
     """An exception as pybind11's ``error_already_set.what()`` prints it (what Triton puts
-    in its error messages): ``Type: message``, then the frames, innermost first."""
+    in its error messages): ``Type: message``, then the frames, innermost first; frames of
+    pb-tensor itself are left out, as Triton's C++ has none."""
     text = f"{type(exc).__name__}: {exc}"
-    frames = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_OURS)]  # fmt: skip
     if frames:
         text += "\n\nAt:\n" + "".join(
             f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames)
