@@ -267,8 +267,10 @@ def _demo_runtime(table: _Table) -> None:
 
         rows = demo_rows()
     except ImportError:
+        from pb_tensor._hints import install_hint
+
         table.add("model runtime", _SKIP,
-                  "protobuf is not installed (pip install -e \".[runtime]\").")
+                  f"protobuf is not installed ({install_hint('runtime', 'protobuf')}).")
         return
     except FileNotFoundError:
         table.add("model runtime", _SKIP,
@@ -288,9 +290,11 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("demo", help="a guided tour printed as a table (the default)",
                         description="A guided tour printed as a table; exit status 1 if a row "
                                     "failed.")
-    commands.add_parser("bench", help="quick timings of the common calls",
-                        description="Quick timings; the benchmarks/ scripts measure baselines "
-                                    "in the same run.")
+    bench = commands.add_parser("bench", help="quick timings of the common calls",
+                                description="Quick timings; the benchmarks/ scripts measure "
+                                            "baselines in the same run.")
+    # The benchmarks/ scripts take --quick; this command is always quick and accepts it too.
+    bench.add_argument("--quick", action="store_true", help="accepted; bench is always quick")
     commands.add_parser("doctor", help="versions, fast paths and CUDA on this machine",
                         description="Versions, fast paths and CUDA availability on this "
                                     "machine; imports no framework.")

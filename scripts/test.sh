@@ -8,13 +8,27 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-# torch==2.13.0 (the CPU wheel) comes from the interop extra; cuda-python is optional and its
-# absence only skips the tests that need it.
+# The project is installed once (one editable install); torch==2.13.0 (the CPU wheel) comes from
+# the interop extra.
 .venv/bin/python -m pip install --quiet -e ".[test,interop,bench,runtime]"
-.venv/bin/python -m pip install --quiet -e ".[cuda]" || echo "cuda-python unavailable here: its tests will skip"
-# Ray publishes wheels for some Python versions only; where it cannot be installed, the tests
-# marked ray skip and say why.
-.venv/bin/python -m pip install --quiet -e ".[ray]" || echo "ray unavailable here: its tests will skip"
+# The optional extras' packages, as pyproject.toml declares them, constrained to what is
+# installed now: an optional package that would downgrade one (ml_dtypes) fails instead of
+# changing it. cuda-python is optional and its absence only skips the tests that need it; Ray
+# publishes wheels for some Python versions only, and the tests marked ray skip without it.
+.venv/bin/python -m pip freeze --exclude-editable | { grep -v ' @ ' || true; } > .venv/constraints.txt
+extra() {  # the requirements of one extra, one a line (tomllib needs Python 3.11)
+    .venv/bin/python - "$1" <<'PYEOF'
+import re, sys
+text = open("pyproject.toml", encoding="utf-8").read()
+found = re.search(r"^%s = \[(.*?)\]" % re.escape(sys.argv[1]), text, re.M | re.S)
+print("\n".join(re.findall(r'"([^"]+)"', found.group(1) if found else "")))
+PYEOF
+}
+for name in cuda ray; do
+    mapfile -t packages < <(extra "$name")
+    .venv/bin/python -m pip install --quiet -c .venv/constraints.txt "${packages[@]}" \
+        || echo "$name unavailable here (or it would change an installed version): its tests will skip"
+done
 status=0
 .venv/bin/python -m pytest "$@" || status=$?
 .venv/bin/python -m mypy --strict || status=1

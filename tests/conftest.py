@@ -49,6 +49,7 @@ collect_ignore = [] if _have_protobuf() else [
     "test_runtime_fastpath.py",
     "test_runtime_placement.py",
     "test_runtime_stub.py",
+    "test_runtime_user.py",
     "test_upstream_models.py",
     "typing/test_runtime_types.py",
 ]

@@ -59,8 +59,11 @@ def test_without_cuda_python_every_entry_point_raises() -> None:
         assert cuda.is_available() is False
         assert cuda.device_count() == 0
         reason = cuda.unavailable_reason()
+        from pb_tensor._hints import install_hint  # a clone's extra, or the package's name
+
         assert reason.startswith(
-            "CUDA is not available: cuda-python is not installed (pip install 'pb-tensor[cuda]')"
+            "CUDA is not available: cuda-python is not installed "
+            f"({install_hint('cuda', 'cuda-python')})"
         ), reason
         for name, call in entry_points(cuda):
             try:

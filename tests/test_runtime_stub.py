@@ -40,16 +40,19 @@ def _gone(pid: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize(("trigger", "what"), [(1, "os._exit"), (2, "SIGKILL")])
+@pytest.mark.parametrize(("trigger", "what"), [
+    (1, "It exited with code 3."), (2, "It was killed by signal 9 (SIGKILL)."),
+])  # fmt: skip
 def test_stub_crash_is_reported_and_restarted(repo_dir: Path, trigger: int, what: str) -> None:
     with ModelRepository(repo_dir) as r, r.load("crash", timeout=60) as model:
         first = model.pid
         assert first is not None
         err = _error(model, {"IN": np.array([trigger], dtype=np.int32)})
+        # Triton's text, then how the stub ended (os._exit(3) / SIGKILL).
         assert err.message() == (
             "Failed to process the request(s) for model instance 'crash_0_0', message: Stub "
-            "process 'crash_0_0' is not healthy."
-        ), what
+            f"process 'crash_0_0' is not healthy. {what}"
+        )
         assert err.code() == TritonError.INTERNAL
         assert model.pid is None
         assert _gone(first)

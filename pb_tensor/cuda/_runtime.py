@@ -12,6 +12,7 @@ import threading
 from enum import IntEnum
 from typing import Final, Protocol, SupportsInt
 
+from pb_tensor._hints import install_hint
 from pb_tensor.errors import TritonModelException
 
 #: Size of a ``cudaIpcMemHandle_t`` in bytes.
@@ -24,7 +25,8 @@ _IPC_LAZY_ENABLE_PEER_ACCESS: Final = 1
 _CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: Final = 11
 _MEMORY_TYPE_UNREGISTERED: Final = 0
 _NOT_INSTALLED: Final = (
-    "CUDA is not available: cuda-python is not installed (pip install 'pb-tensor[cuda]')"
+    "CUDA is not available: cuda-python is not installed "
+    f"({install_hint('cuda', 'cuda-python')})"
 )
 
 

@@ -18,6 +18,7 @@ pay for (or need) protobuf, which only reading ``config.pbtxt`` requires.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,6 +33,10 @@ __all__ = [
     "ModelRepository",
     "example_repository",
 ]
+
+# Library convention: the runtime's records reach only the handlers the application installs
+# (the command line installs one); without any, Python's last-resort handler stays silent.
+logging.getLogger("pb_tensor.runtime").addHandler(logging.NullHandler())
 
 _WHERE = {
     "InferenceError": "pb_tensor.runtime._errors",

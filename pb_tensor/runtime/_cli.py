@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 import numpy as np
+
+from pb_tensor.runtime._cli_check import check, input_value
+from pb_tensor.runtime._cli_log import add_log_arguments, logging_to_stderr
 
 __all__ = ["COMMANDS", "add_subcommands", "demo_rows", "main", "run_command"]
 
@@ -42,41 +44,42 @@ def add_subcommands(subparsers: Any) -> None:
                      help="run the model in this process instead of a stub process")
     run.add_argument("--timeout", type=float, default=None, help="execute timeout in seconds")
     run.add_argument("--json", action="store_true", help="print one JSON object")
+    add_log_arguments(run)
     check = subparsers.add_parser(
         "check", help="load every model of a repository and report what is wrong",
         description="Load every model of a repository (configuration, auto_complete_config, "
-                    "initialize) and print one line per model; exit status 1 if any fails.",
+                    "initialize) and print one line per model; with --smoke, also run one "
+                    "request on each. Exit status 1 if any fails.",
     )  # fmt: skip
     check.add_argument("repository", help="model repository directory")
     check.add_argument("--in-process", action="store_true",
                        help="load the models in this process instead of stub processes")
+    check.add_argument(
+        "--smoke", action="store_true",
+        help="run one request on each model (a stream for decoupled ones) with inputs built "
+             "from its configuration: ones for numbers, b'1' for BYTES, -1 dims as 1, a batch "
+             "of 1, optional inputs left out",
+    )  # fmt: skip
+    check.add_argument(
+        "--input", "-i", action="append", default=[], metavar="MODEL:NAME=VALUE",
+        help="with --smoke, use this value for input NAME of model MODEL (VALUE as in run's "
+             "--input: FILE.npy or JSON), e.g. -i 'add_sub:INPUT0=[1, 2, 3, 4]'",
+    )  # fmt: skip
+    check.add_argument("--timeout", type=float, default=60.0,
+                       help="execute timeout in seconds of each smoke request (default 60)")
+    add_log_arguments(check)
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed ``run`` or ``check`` command; its exit status."""
     try:
-        if args.command == "run":
-            return _run(args)
-        return _check(args)
+        with logging_to_stderr(args.log_level):
+            if args.command == "run":
+                return _run(args)
+            return check(args)
     except ImportError as exc:  # protobuf missing: say what to install
         sys.stderr.write(f"error: {exc}\n")
         return 1
-
-
-def _input_value(spec: str, dtypes: dict[str, Any]) -> tuple[str, Any]:
-    name, sep, text = spec.partition("=")
-    if not sep or not name:
-        raise ValueError(f"--input {spec!r}: expected NAME=FILE.npy or NAME=JSON")
-    if text.endswith(".npy") and os.path.isfile(text):
-        return name, np.load(text, allow_pickle=False)
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--input {spec!r}: not a .npy file nor JSON ({exc})") from None
-    dtype = dtypes.get(name)
-    if dtype is None or dtype is np.object_:
-        return name, value
-    return name, np.asarray(value, dtype=dtype)
 
 
 def _jsonable(array: np.ndarray[Any, Any]) -> list[Any] | Any:
@@ -111,15 +114,12 @@ def _print_outputs(described: dict[str, Any], out: TextIO) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from pb_tensor.runtime import InferenceError, ModelLoadError, ModelRepository
-    from pb_tensor.utils import triton_string_to_numpy
 
     try:
         with ModelRepository(args.repository) as repo, repo.load(
             args.model, version=args.version, isolated=not args.in_process, timeout=args.timeout
         ) as model:
-            dtypes = {i["name"]: triton_string_to_numpy(i["data_type"])
-                      for i in model.config.get("input", [])}  # fmt: skip
-            inputs = dict(_input_value(s, dtypes) for s in args.input)
+            inputs = dict(input_value(s, model.config) for s in args.input)
             params = {}
             for p in args.param:
                 key, sep, text = p.partition("=")
@@ -151,40 +151,6 @@ def _run(args: argparse.Namespace) -> int:
             sys.stdout.write(f"response {i}\n")
         _print_outputs(described, sys.stdout)
     return 0
-
-
-def _check(args: argparse.Namespace) -> int:
-    from pb_tensor.runtime import ModelLoadError, ModelRepository
-
-    try:
-        repo = ModelRepository(args.repository)
-    except ModelLoadError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 1
-    failed = 0
-    with repo:
-        names = repo.models()
-        width = max((len(n) for n in names), default=5)
-        for name in names:
-            try:
-                with repo.load(name, isolated=not args.in_process) as model:
-                    config = model.config
-                    ins = ", ".join(i["name"] for i in config.get("input", []))
-                    outs = ", ".join(o["name"] for o in config.get("output", []))
-                    mode = "decoupled, " if model.decoupled else ""
-                    detail = (f"version {model.version}, {mode}max_batch_size "
-                              f"{config.get('max_batch_size', 0)}, inputs [{ins}], "
-                              f"outputs [{outs}]")  # fmt: skip
-                    sys.stdout.write(f"{name:<{width}}  ok      {detail}\n")
-            except ModelLoadError as exc:
-                failed += 1
-                text = str(exc).replace("\n", "\n" + " " * (width + 10))
-                sys.stdout.write(f"{name:<{width}}  FAILED  {text}\n")
-        sys.stdout.write(
-            f"{len(names)} model(s), {failed} with problems\n" if names
-            else f"no models in {repo.path}\n"
-        )  # fmt: skip
-    return 1 if failed or not names else 0
 
 
 def main(argv: Sequence[str]) -> int:

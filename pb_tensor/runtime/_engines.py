@@ -31,6 +31,7 @@ from pb_tensor.runtime._host import (
     RequestData,
 )
 from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
+from pb_tensor.runtime._stub_report import emit_record, how_it_ended, wanted_log_level
 from pb_tensor.runtime._tracker import FINAL, Reply, Tracker
 from pb_tensor.runtime._values import as_delivered
 from pb_tensor.shm import SharedMemoryPool
@@ -216,6 +217,7 @@ class StubEngine:
         # typeshed's finalize takes the callback's ParamSpec and return type, which a stored
         # finalizer of any callback cannot name.
         self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
+        self._log_level = logging.NOTSET
 
     # -- process ------------------------------------------------------------------------------
     @property
@@ -249,10 +251,10 @@ class StubEngine:
             theirs.close()
         self.channel = Channel(Connection(ours.detach()), self.pool)
         self._finalizer = weakref.finalize(self, _kill, self.proc, self.channel)
+        self._log_level = wanted_log_level(self.name)
         body = {
             "name": self.name, "model_path": self.model_path, "config": config,
-            "sys_path": list(sys.path),
-            "log_level": logging.getLogger("pb_tensor.runtime").getEffectiveLevel(),
+            "sys_path": list(sys.path), "log_level": self._log_level,
         }  # fmt: skip
         self.channel.send("load", body)
         kind, _, result = self._expect(("loaded", "failed"), _STARTUP_TIMEOUT)
@@ -261,6 +263,14 @@ class StubEngine:
             raise StubFailure(result)
         loaded: dict[str, Any] = result
         return loaded
+
+    def _sync_log_level(self, channel: Channel) -> None:
+        # A level changed while the model is loaded (Triton's logging endpoint) reaches the
+        # stub before its next call: the stub drops records below its level unsent.
+        level = wanted_log_level(self.name)
+        if level != self._log_level:
+            channel.send("log_level", level)
+            self._log_level = level
 
     def initialize(self, info: HostInfo) -> None:
         """Send ``initialize(args)`` to a spawned stub.
@@ -310,7 +320,7 @@ class StubEngine:
                     raise TimeoutError(f"no answer within {remaining} s")
             kind, tensors, body = channel.recv()
             if kind == "log":
-                _emit(body, self.pid)
+                emit_record(body, self.pid)
                 continue
             return kind, tensors, body
 
@@ -343,6 +353,7 @@ class StubEngine:
             body.append((len(r.inputs), r.requested_outputs, r.request_id, r.correlation_id,
                          r.flags, r.parameters, r.timeout_us))
         try:
+            self._sync_log_level(channel)
             channel.send("execute", body, tensors)
             received = 0
             while not tracker.finished:
@@ -366,12 +377,13 @@ class StubEngine:
                 # with the next request, so large responses do not stay pinned while idle.
                 channel.send("ack")
         except ChannelClosed:
+            ended = how_it_ended(self.proc)
             self.kill()
             yield from tracker.fail(
                 InferenceError(
                     f"Failed to process the request(s) for model instance "
                     f"'{info.instance_name}', message: Stub process '{info.instance_name}' is "
-                    "not healthy.",
+                    f"not healthy.{ended}",
                     TritonError.INTERNAL,
                 )
             )
@@ -420,12 +432,13 @@ class StubEngine:
     def is_ready(self) -> tuple[bool, str | None]:
         name = self.info.instance_name if self.info is not None else self.name
         if self.channel is None or not self.alive:
-            return False, f"Stub process '{name}' is not healthy."
+            return False, f"Stub process '{name}' is not healthy.{how_it_ended(self.proc)}"
+        proc = self.proc
         try:
             self.channel.send("is_ready")
             _, _, (ready, error) = self._expect(("ready_state",), 30.0)
         except StubFailure:
-            return False, f"Stub process '{name}' is not healthy."
+            return False, f"Stub process '{name}' is not healthy.{how_it_ended(proc)}"
         return bool(ready), error
 
     def metrics(self) -> dict[str, Any]:
@@ -445,6 +458,7 @@ class StubEngine:
         proc, channel = self.proc, self.channel
         if proc is not None and channel is not None and proc.poll() is None:
             try:
+                self._sync_log_level(channel)
                 channel.send("finalize")
                 deadline = time.monotonic() + _FINALIZE_TIMEOUT
                 while True:
@@ -468,14 +482,3 @@ def _batched(replies: list[tuple[Any, ...]], tensors: list[Tensor]) -> Iterator[
         err = None if error is None else InferenceError(error[0], error[1])
         yield Reply(index, tensors[at : at + count], err, parameters, flags, has_response)
         at += count
-
-
-def _emit(body: dict[str, Any], pid: int | None) -> None:
-    """Re-emit a stub's log record in this process's ``logging``."""
-    logger = logging.getLogger(body["name"])
-    if not logger.isEnabledFor(body["levelno"]):
-        return
-    record = logging.makeLogRecord(
-        {**body, "args": None, "exc_info": None, "process": pid}
-    )
-    logger.handle(record)

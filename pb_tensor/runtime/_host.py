@@ -9,8 +9,6 @@ backend) differ.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import functools
 import importlib.machinery
 import importlib.util
@@ -21,14 +19,14 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from pb_tensor import Tensor
 from pb_tensor.errors import TritonModelException
-from pb_tensor.numpy_policy import bf16_numpy_context, reset_bf16_numpy_context
+from pb_tensor.runtime._model_code import ExecuteOnlyBls, ModelCode, model_argv
 from pb_tensor.runtime._reshape import output_reshapes, reshape_outputs
 from pb_tensor.runtime._seam import (
     BLS_OUTSIDE_EXECUTE_MESSAGE,
@@ -54,7 +52,6 @@ __all__ = [
     "format_exception",
     "install_pb_utils",
     "load_model_module",
-    "model_argv",
 ]
 
 log = logging.getLogger("pb_tensor.runtime")
@@ -118,11 +115,22 @@ Sink = Callable[[int, InferenceResponse | None, int], None]
 """Where responses go: ``sink(request_index, response_or_None, flags)``."""
 
 
+# pb_tensor and dlpack_ctypes stand in for Triton's C++ (the stub, pb_utils): their frames
+# would not be in Triton's traceback.
+_OURS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                 package) + os.sep
+    for package in ("pb_tensor", "dlpack_ctypes")
+)  # fmt: skip
+
+
 def format_exception(exc: BaseException) -> str:
     """An exception as pybind11's ``error_already_set.what()`` prints it (what Triton puts
-    in its error messages): ``Type: message``, then the frames, innermost first."""
+    in its error messages): ``Type: message``, then the frames, innermost first; frames of
+    pb-tensor itself are left out, as Triton's C++ has none."""
     text = f"{type(exc).__name__}: {exc}"
-    frames = traceback.extract_tb(exc.__traceback__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_OURS)]  # fmt: skip
     if frames:
         text += "\n\nAt:\n" + "".join(
             f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames)
@@ -177,58 +185,17 @@ def load_model_module(model_path: str, model_name: str) -> ModuleType:
         sys.modules.pop(package, None)
         if not isinstance(exc, Exception | SystemExit):
             raise
-        raise UserModelError(format_exception(exc)) from exc
+        raise UserModelError(_load_error(exc)) from exc
     return module
 
 
-class _ModelCode:
-    """What Triton's stub gives model code while it runs (a class, not a generator: it wraps
-    every ``execute``). ``sys.argv`` is ``['']``, as in the stub's interpreter started without
-    arguments: ``unittest.main("model", exit=False)`` inside a model parses no test names out
-    of the host's command line; the host's ``argv`` comes back when the last model call of
-    the process returns (calls may overlap in threads). With ``bf16`` given, BF16
-    ``as_numpy()`` follows it in this context (:mod:`pb_tensor.numpy_policy`)."""
-
-    __slots__ = ("_bf16", "_token")
-
-    _lock = threading.Lock()
-    _users = 0
-    _saved: list[str] | None = None
-
-    def __init__(self, bf16: bool | None = None) -> None:
-        self._bf16 = bf16
-        self._token: contextvars.Token[bool | None] | None = None
-
-    def __enter__(self) -> None:
-        cls = _ModelCode
-        with cls._lock:
-            if cls._users == 0:
-                cls._saved = getattr(sys, "argv", None)
-                sys.argv = [""]
-            cls._users += 1
-        if self._bf16 is not None:
-            self._token = bf16_numpy_context(self._bf16)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._token is not None:
-            reset_bf16_numpy_context(self._token)
-            self._token = None
-        cls = _ModelCode
-        with cls._lock:
-            cls._users -= 1
-            if cls._users == 0:
-                if cls._saved is None:
-                    del sys.argv
-                else:
-                    sys.argv = cls._saved
-                cls._saved = None
-
-
-def model_argv() -> contextlib.AbstractContextManager[None]:
-    """A context in which ``sys.argv`` is ``['']``, as model code sees it in Triton's stub
-    (import and ``auto_complete_config`` run in it; :class:`ModelHost` uses it for every
-    other call)."""
-    return _ModelCode()
+def _load_error(exc: BaseException) -> str:
+    """Triton's text for an import that raised; for a ``SyntaxError``, the file, line and
+    caret as Python prints them for a script instead of importlib's frames."""
+    if not isinstance(exc, SyntaxError):
+        return format_exception(exc)
+    where = traceback.format_exception_only(exc)[:-1]
+    return f"{type(exc).__name__}: {exc}\n\n" + "".join(where).rstrip("\n")
 
 
 def model_class(module: ModuleType) -> type:
@@ -278,7 +245,7 @@ class ModelHost:
     def __init__(self, info: HostInfo, cls: type, backend: ModelBackend) -> None:
         self.info = info
         self._cls = cls
-        self._backend: ModelBackend = _ExecuteOnlyBls(backend, self)
+        self._backend: ModelBackend = ExecuteOnlyBls(backend, self.check_bls)
         # Triton's stub: BLS works once initialize returned and until finalize starts.
         self._serving = False
         self._instance: Any = None
@@ -287,10 +254,12 @@ class ModelHost:
         self._batched = int(config.get("max_batch_size", 0)) > 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        # (file, line, function) of the model's frame where the last failed execute raised.
+        self._raised_at: tuple[str, int, str] | None = None
 
-    def _model_code(self) -> _ModelCode:
+    def _model_code(self) -> ModelCode:
         # argv [''], BF16 as_numpy() refused unless the repository opted in.
-        return _ModelCode(self.info.bf16_as_numpy)
+        return ModelCode(self.info.bf16_as_numpy)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def initialize(self) -> None:
@@ -414,7 +383,8 @@ class ModelHost:
                 f"Failed to process the request(s) for model '{self.info.instance_name}', "
                 f"message: {error}"
             )
-            log.error("%s", error)
+            _log_execute_error(error, self._raised_at)
+            self._raised_at = None
         if error is not None or not self.info.decoupled:
             # Senders made from now on come closed; close the ones the model took (none
             # when every response went out directly: later senders count those as sent).
@@ -440,6 +410,7 @@ class ModelHost:
                     returned = self._loop.run_until_complete(returned)
             return self._process_returned(batch, returned)
         except (Exception, SystemExit) as exc:
+            self._raised_at = _model_frame(exc, self.info.model_path)
             return format_exception(exc)
 
     def _process_returned(self, batch: Batch, returned: object) -> str | None:
@@ -483,37 +454,28 @@ class ModelHost:
         return None
 
 
-class _ExecuteOnlyBls:
-    """The backend a hosted model reaches: its host's, with BLS refused outside ``execute``
-    (:meth:`ModelHost.check_bls`); model control passes through."""
+def _model_frame(exc: BaseException, model_path: str) -> tuple[str, int, str] | None:
+    """The innermost frame of ``exc``'s traceback in the model's file, if any."""
+    path = os.path.abspath(model_path)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if os.path.abspath(f.filename) == path]  # fmt: skip
+    if not frames:
+        return None
+    return frames[-1].filename, frames[-1].lineno or 0, frames[-1].name
 
-    def __init__(self, inner: ModelBackend, host: ModelHost) -> None:
-        self._inner = inner
-        self._host = host
 
-    def exec_request(
-        self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
-    ) -> InferenceResponse | Iterator[InferenceResponse]:
-        self._host.check_bls()
-        return self._inner.exec_request(request, decoupled=decoupled, timeout_us=timeout_us)
-
-    def is_model_decoupled(self) -> bool:
-        return self._inner.is_model_decoupled()
-
-    def model_name(self) -> str:
-        return self._inner.model_name()
-
-    def model_dir(self) -> str:
-        return self._inner.model_dir()
-
-    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
-        self._inner.load_model(model_name, config, files)
-
-    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
-        self._inner.unload_model(model_name, unload_dependents)
-
-    def is_model_ready(self, model_name: str, model_version: str) -> bool:
-        return self._inner.is_model_ready(model_name, model_version)
+def _log_execute_error(error: str, raised_at: tuple[str, int, str] | None) -> None:
+    # The caller gets this text as an InferenceError too: handlers that print the caller's
+    # errors (the command line) skip records so marked.
+    extra = {"reported_to_caller": True}
+    if raised_at is None or not log.isEnabledFor(logging.ERROR):
+        log.error("%s", error, extra=extra)
+        return
+    # The record names the model's line that raised (pytest's captured log shows it), not
+    # the runtime's.
+    filename, lineno, function = raised_at
+    log.handle(log.makeRecord(log.name, logging.ERROR, filename, lineno, "%s", (error,), None,
+                              function, extra))  # fmt: skip
 
 
 class Batch:

@@ -249,6 +249,7 @@ class LoadedModel:
             TypeError: ``inputs`` is not a mapping.
             TritonModelException: an input value of a type Triton cannot carry.
         """
+        __tracebackhide__ = True  # pytest shows the test's line, not the runtime's frames
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
         first: Reply | None = None
@@ -318,6 +319,7 @@ class LoadedModel:
             InferenceError: when the model sends an error response, raises, crashes or times
                 out, or the request is invalid (raised by the iterator).
         """
+        __tracebackhide__ = True  # pytest shows the test's line, not the runtime's frames
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
         return self._stream(data, timeout)
@@ -325,6 +327,7 @@ class LoadedModel:
     def _stream(
         self, data: RequestData, timeout: float | None
     ) -> Generator[Outputs, None, None]:
+        __tracebackhide__ = True
         for reply in self._replies([data], timeout):
             if reply.error is not None:
                 raise reply.error

@@ -197,6 +197,7 @@ class ModelRepository:
                 message).
             TritonModelException: the repository is closed.
         """
+        __tracebackhide__ = True  # pytest shows the test's line, not the runtime's frames
         if self._closed:
             raise ModelLoadError(f"model repository {self._path!r} is closed")
         if isinstance(version, bool) or (version is not None and not isinstance(version, int)):
@@ -218,9 +219,14 @@ class ModelRepository:
         _schema.normalize(config, name)
         versions = self._version_dirs(model_dir)
         if not versions:
+            hint = ""
+            if os.path.isfile(os.path.join(model_dir, _schema.PYTHON_FILENAME)):
+                hint = (f" ({_schema.PYTHON_FILENAME} is in the model folder; Triton's layout is "
+                        f"<model>/<version>/{_schema.PYTHON_FILENAME}: move it to "
+                        f"{os.path.join(model_dir, '1', _schema.PYTHON_FILENAME)!r})")
             raise ModelLoadError(
                 f"failed to load model '{name}': at least one version must be available under "
-                f"the version policy of model '{name}'"
+                f"the version policy of model '{name}'{hint}"
             )
         if version is None:
             version = versions[-1]
@@ -381,7 +387,9 @@ class ModelRepository:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<ModelRepository {self._path!r}, {len(self._models)} loaded>"
+        # Never raises: pytest shows reprs of half-built objects (a constructor that raised).
+        path = getattr(self, "_path", None)
+        return f"<ModelRepository {path!r}, {len(getattr(self, '_models', ()))} loaded>"
 
 
 def _host_info(config: Any, name: str, version: int, model_dir: str, model_path: str) -> HostInfo:

@@ -18,9 +18,11 @@ from typing import Any, Final
 try:
     from google.protobuf import descriptor_pb2, descriptor_pool, json_format, text_format
 except ImportError as exc:  # pragma: no cover - depends on the environment
+    from pb_tensor._hints import install_hint
+
     raise ImportError(
-        "reading Triton model configurations needs protobuf: pip install 'pb-tensor[runtime]' "
-        f"({exc})"
+        f"reading Triton model configurations needs protobuf: "
+        f"{install_hint('runtime', 'protobuf')} ({exc})"
     ) from exc
 
 from pb_tensor.errors import TritonModelException

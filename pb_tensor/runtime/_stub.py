@@ -65,6 +65,7 @@ class _ForwardLogs(logging.Handler):
                 "pathname": record.pathname, "lineno": record.lineno,
                 "funcName": record.funcName, "created": record.created,
                 "triton_log_level": getattr(record, "triton_log_level", None),
+                "reported_to_caller": getattr(record, "reported_to_caller", False),
             }  # fmt: skip
             self.channel.send("log", body)
         except Exception:
@@ -294,6 +295,8 @@ class _Stub:
                 self.init(body)
             elif kind == "execute":
                 self.execute(tensors, body)
+            elif kind == "log_level":
+                logging.getLogger("pb_tensor.runtime").setLevel(body)
             elif kind == "is_ready":
                 state = self.host.is_ready() if self.host is not None else (False, None)
                 self.channel.send("ready_state", state)

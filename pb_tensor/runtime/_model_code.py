@@ -1,0 +1,100 @@
+"""What model code sees while the runtime runs it, as in Triton's stub: ``sys.argv`` of
+``['']``, BF16 ``as_numpy()`` refused unless the repository opted in, and BLS only while the
+model serves requests (:class:`ExecuteOnlyBls`)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+import threading
+from collections.abc import Callable, Iterator
+
+from pb_tensor.numpy_policy import bf16_numpy_context, reset_bf16_numpy_context
+from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, ModelBackend
+
+__all__ = ["ExecuteOnlyBls", "ModelCode", "model_argv"]
+
+
+class ModelCode:
+    """What Triton's stub gives model code while it runs (a class, not a generator: it wraps
+    every ``execute``). ``sys.argv`` is ``['']``, as in the stub's interpreter started without
+    arguments: ``unittest.main("model", exit=False)`` inside a model parses no test names out
+    of the host's command line; the host's ``argv`` comes back when the last model call of
+    the process returns (calls may overlap in threads). With ``bf16`` given, BF16
+    ``as_numpy()`` follows it in this context (:mod:`pb_tensor.numpy_policy`)."""
+
+    __slots__ = ("_bf16", "_token")
+
+    _lock = threading.Lock()
+    _users = 0
+    _saved: list[str] | None = None
+
+    def __init__(self, bf16: bool | None = None) -> None:
+        self._bf16 = bf16
+        self._token: contextvars.Token[bool | None] | None = None
+
+    def __enter__(self) -> None:
+        cls = ModelCode
+        with cls._lock:
+            if cls._users == 0:
+                cls._saved = getattr(sys, "argv", None)
+                sys.argv = [""]
+            cls._users += 1
+        if self._bf16 is not None:
+            self._token = bf16_numpy_context(self._bf16)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            reset_bf16_numpy_context(self._token)
+            self._token = None
+        cls = ModelCode
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0:
+                if cls._saved is None:
+                    del sys.argv
+                else:
+                    sys.argv = cls._saved
+                cls._saved = None
+
+
+def model_argv() -> contextlib.AbstractContextManager[None]:
+    """A context in which ``sys.argv`` is ``['']``, as model code sees it in Triton's stub
+    (import and ``auto_complete_config`` run in it; :class:`ModelHost` uses it for every
+    other call)."""
+    return ModelCode()
+
+
+class ExecuteOnlyBls:
+    """The backend a hosted model reaches: its host's, with BLS refused outside ``execute``
+    (``check_bls`` raises Triton's error then: ``ModelHost.check_bls``); model control passes
+    through."""
+
+    def __init__(self, inner: ModelBackend, check_bls: Callable[[], None]) -> None:
+        self._inner = inner
+        self._check_bls = check_bls
+
+    def exec_request(
+        self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
+    ) -> InferenceResponse | Iterator[InferenceResponse]:
+        self._check_bls()
+        return self._inner.exec_request(request, decoupled=decoupled, timeout_us=timeout_us)
+
+    def is_model_decoupled(self) -> bool:
+        return self._inner.is_model_decoupled()
+
+    def model_name(self) -> str:
+        return self._inner.model_name()
+
+    def model_dir(self) -> str:
+        return self._inner.model_dir()
+
+    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
+        self._inner.load_model(model_name, config, files)
+
+    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
+        self._inner.unload_model(model_name, unload_dependents)
+
+    def is_model_ready(self, model_name: str, model_version: str) -> bool:
+        return self._inner.is_model_ready(model_name, model_version)
