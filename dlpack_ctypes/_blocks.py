@@ -239,11 +239,10 @@ def _locked_sweep(budget: int, held: int = -1) -> None:
 
 
 _step = _locked_sweep
-# The C RLock's own ownership test and full release (threading.Condition uses them); typeshed
-# does not declare them.
+# The C RLock's own ownership test (threading.Condition uses it); typeshed does not declare it.
 _is_owned: Callable[[], bool] = cast(Any, _SWEEP_LOCK)._is_owned
 _try_acquire = _SWEEP_LOCK.acquire
-_release_all: Callable[[], object] = cast(Any, _SWEEP_LOCK)._release_save
+_release = _SWEEP_LOCK.release
 _is_finalizing = sys.is_finalizing
 
 
@@ -265,14 +264,15 @@ def _try_sweep(budget: int) -> None:
             _sweep(budget, PENDING, LIVE, _RC_BASE)
     finally:
         # The lock was not this thread's on entry, so owning it now means the acquire above
-        # succeeded, even if an asynchronous exception lost its result. One C call releases it:
-        # no bytecode that could run a signal handler sits between the check and the release.
+        # succeeded once, even if an asynchronous exception lost its result. release() checks
+        # the owner and releases in one C call: no bytecode that could run a signal handler sits
+        # between the check and the release (_release_save would release another thread's).
         if _OWNER[0] == me:
             _OWNER[0] = 0
         # Not contextlib.suppress: entering it is a Python call, where a signal handler can run.
         try:  # noqa: SIM105
-            _release_all()
-        except RuntimeError:  # not acquired: the lock is another thread's, or nobody's
+            _release()
+        except RuntimeError:  # not acquired here: the lock is another thread's, or nobody's
             pass
 
 

@@ -9,10 +9,16 @@ lock held by a thread stuck in a driver call).
 
 from __future__ import annotations
 
+import gc
 import subprocess
+import threading
 from typing import Any
 
+import numpy as np
 import pytest
+
+import dlpack_ctypes as dl
+from dlpack_ctypes import _blocks
 
 DAEMONS_USING_DLPACK = r"""
 import sys, threading, time
@@ -85,3 +91,37 @@ def test_exit_while_a_thread_creates_a_cuda_proxy_stream(run_python: Any) -> Non
         pytest.fail("the interpreter did not exit within 120 s: the CUDA exit hook waited")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "main returns\n"
+
+
+def test_collection_never_waits_for_nor_releases_another_threads_sweep_lock() -> None:
+    # A full collection sweeps a step while dropped capsules are pending; when another thread
+    # holds the sweep lock it must neither wait for it nor release it.
+    a = np.arange(4, dtype=np.float32)
+    dropped = [dl.to_dlpack(a) for _ in range(8)]
+    del dropped
+    holding, done = threading.Event(), threading.Event()
+    released: list[str] = []
+
+    def hold() -> None:
+        with _blocks._SWEEP_LOCK:
+            holding.set()
+            done.wait(60)
+            released.append("holder")
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert holding.wait(60)
+    collector = threading.Thread(target=gc.collect, daemon=True)
+    collector.start()
+    collector.join(60)
+    try:
+        assert not collector.is_alive(), "gc.collect() waited for the sweep lock"
+        free = _blocks._SWEEP_LOCK.acquire(blocking=False)
+        if free:
+            _blocks._SWEEP_LOCK.release()
+        assert not free, "the collection released the holder's sweep lock"
+    finally:
+        done.set()
+        holder.join(60)
+    assert released == ["holder"]  # the holder's own release worked (nobody released it first)
+    assert dl.flush() == 0
