@@ -32,7 +32,7 @@ import gc
 import os
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
 if TYPE_CHECKING:
@@ -223,8 +223,10 @@ def pending_count() -> int:
 def _locked_sweep(budget: int, held: int = -1) -> None:
     # Releasing an export can run finalisers that export, collect garbage or flush: such a
     # nested sweep on the sweeping thread is skipped (the outer sweep owns the queue's front).
+    # After the exit flush deleters leak on purpose, so sweeping then would only wait for a lock
+    # that a thread frozen by interpreter finalization may hold forever.
     me = _get_ident()
-    if _OWNER[0] == me:
+    if _OWNER[0] == me or _STATE[0]:
         return
     # A with-statement (not a non-blocking acquire whose result could be lost to an asynchronous
     # exception) so the lock is always released; sweeps are short, so waiting is cheap.
@@ -237,6 +239,41 @@ def _locked_sweep(budget: int, held: int = -1) -> None:
 
 
 _step = _locked_sweep
+# The C RLock's own ownership test (threading.Condition uses it); typeshed does not declare it.
+_is_owned: Callable[[], bool] = cast(Any, _SWEEP_LOCK)._is_owned
+_try_acquire = _SWEEP_LOCK.acquire
+_release = _SWEEP_LOCK.release
+_is_finalizing = sys.is_finalizing
+
+
+def _try_sweep(budget: int) -> None:
+    """Sweep ``budget`` entries if the sweep lock is free right now; never wait for it.
+
+    For garbage-collection callbacks: a collection runs on whichever thread allocates, and at
+    interpreter shutdown after the other threads were frozen, one of them possibly holding the
+    lock; waiting there would hang the exit (or deadlock with a thread whose finaliser waits for
+    a lock the collecting thread holds). A busy lock means a sweep is under way: the work is
+    left to it, to the next export or collection, and to the exit flush.
+    """
+    if _STATE[0] or _is_finalizing() or _is_owned():
+        return  # this thread is sweeping already (or is between acquiring and sweeping)
+    me = _get_ident()
+    try:
+        if _try_acquire(False):
+            _OWNER[0] = me
+            _sweep(budget, PENDING, LIVE, _RC_BASE)
+    finally:
+        # The lock was not this thread's on entry, so owning it now means the acquire above
+        # succeeded once, even if an asynchronous exception lost its result. release() checks
+        # the owner and releases in one C call: no bytecode that could run a signal handler sits
+        # between the check and the release (_release_save would release another thread's).
+        if _OWNER[0] == me:
+            _OWNER[0] = 0
+        # Not contextlib.suppress: entering it is a Python call, where a signal handler can run.
+        try:  # noqa: SIM105
+            _release()
+        except RuntimeError:  # not acquired here: the lock is another thread's, or nobody's
+            pass
 
 
 _GC_CREDIT: list[int] = [0]
@@ -248,7 +285,7 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
         # A full collection costs far more than a few checks: it always sweeps a step.
         if credit >= GC_SWEEP_EVERY or info.get("generation") == 2:
             _GC_CREDIT[0] = 0
-            _step(GC_SWEEP_STEP)
+            _try_sweep(GC_SWEEP_STEP)
         else:
             _GC_CREDIT[0] = credit
 

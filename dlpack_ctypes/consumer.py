@@ -108,7 +108,13 @@ def consume(
         # No bytecode between setting the per-thread field argument and the call can run a
         # signal handler or a collection, so the argument cannot change under it.
         slot[3].value = field
-        if not cas(slot[3], slot[4], slot[6] if kind else slot[5], _SEQ_CST, _SEQ_CST):
+        try:
+            claimed = cas(slot[3], slot[4], slot[6] if kind else slot[5], _SEQ_CST, _SEQ_CST)
+        except ctypes.ArgumentError as exc:
+            # The arguments are ready ctypes objects of the right types: converting them fails
+            # only when ctypes cannot allocate (it reports that as "argument N: MemoryError").
+            raise MemoryError(f"consume: no memory to claim the capsule: {exc}") from exc
+        if not claimed:
             raise _claim.name_error(ctypes.string_at(_unpack_ptr(mem, slot[0])[0]))
         deleter = _fill(tensor, pointer, kind == KIND_VERSIONED, check, legacy_writable)
         if deleter:

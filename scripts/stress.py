@@ -8,6 +8,10 @@ it prints the growth of the resident set (target: under 16 MB after warm-up), th
 alive (must be 0) and the pool's allocations (must be 0), each with PASS/MISS; the exit status
 is 1 if anything failed.
 
+Then it runs the exit scenario: a child interpreter whose daemon threads keep exporting and
+importing through DLPack returns from its main thread; it must exit (within 60 s) with
+status 0.
+
 Usage::
 
     python scripts/stress.py              # 10 seconds
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -143,6 +148,56 @@ def make_paths(pool: SharedMemoryPool) -> dict[str, Callable[[int], None]]:
     }
 
 
+# The daemon-exit scenario: four daemon threads loop over DLPack exports and imports while the
+# main thread returns. Interpreter finalization freezes them wherever they are, possibly holding
+# the sweep lock; the exit must not wait for it.
+DAEMON_EXIT_CHILD = """
+import threading, time
+import numpy as np
+import dlpack_ctypes as dl
+from pb_tensor import Tensor
+
+a = np.arange(64, dtype=np.float32)
+exporter = dl.BufferExporter.from_numpy(a)
+steps = [
+    lambda: dl.consume(exporter.__dlpack__(max_version=(1, 3))).numpy(),
+    lambda: np.from_dlpack(exporter),
+    lambda: np.from_dlpack(Tensor.from_dlpack("y", Tensor("x", a))),
+    lambda: dl.from_dlpack(exporter).numpy(),
+]
+started = threading.Barrier(len(steps) + 1)
+
+def forever(step):
+    started.wait()
+    while True:
+        step()
+
+for step in steps:
+    threading.Thread(target=forever, args=(step,), daemon=True).start()
+started.wait()
+time.sleep(0.5)
+"""
+DAEMON_EXIT_TIMEOUT = 60.0
+
+
+def daemon_exit() -> tuple[bool, str]:
+    """Run :data:`DAEMON_EXIT_CHILD`; returns (passed, what happened)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-c", DAEMON_EXIT_CHILD], env=env, cwd=root,
+                              capture_output=True, text=True, timeout=DAEMON_EXIT_TIMEOUT,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return False, f"hung > {DAEMON_EXIT_TIMEOUT:g} s"
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        return False, f"exit {done.returncode}: {done.stderr.strip()[-200:]}"
+    return True, f"{took:.1f} s"
+
+
 def run(seconds: float) -> int:
     pool = SharedMemoryPool.create(16 << 20, growth=16 << 20, max_size=256 << 20)
     paths = make_paths(pool)
@@ -210,6 +265,7 @@ def run(seconds: float) -> int:
          f"{rss_growth:.1f} MB"),
         ("live_exports() == 0", live == 0, str(live)),
         ("pool allocations == 0", used == 0, str(used)),
+        ("exit, DLPack daemon threads", *daemon_exit()),
     ):
         print(f"  {label:<28} {value:>10}  {'PASS' if good else 'MISS'}")
         ok = ok and good

@@ -222,10 +222,27 @@ def proxy_stream(device: int) -> int:
         return _proxy_stream_on_current(backend, device)
 
 
-def _destroy_streams(backend: Backend) -> None:
-    with backend.lock:
-        streams = list(backend.streams.items())
-        backend.streams.clear()
+def _take_streams(backend: Backend) -> list[tuple[int, int]]:
+    streams = list(backend.streams.items())
+    backend.streams.clear()
+    return streams
+
+
+def _destroy_streams(backend: Backend, *, wait: bool = True) -> None:
+    lock = backend.lock
+    if wait:
+        with lock:
+            streams = _take_streams(backend)
+    elif lock.acquire(blocking=False):
+        try:
+            streams = _take_streams(backend)
+        finally:
+            lock.release()
+    else:
+        # At exit: another thread is creating a stream (a driver call that may never return,
+        # or a daemon thread about to be frozen). Waiting could hang the exit; the driver
+        # destroys the process's streams with its context anyway.
+        return
     for device, stream in streams:
         try:
             (err,) = backend.runtime.cudaStreamDestroy(stream)
@@ -252,7 +269,7 @@ def release_proxy_streams() -> None:
 def _release_at_exit(ref: weakref.ref[Backend]) -> None:
     backend = ref()
     if backend is not None and backend.pid == os.getpid():
-        _destroy_streams(backend)
+        _destroy_streams(backend, wait=False)
 
 
 def synchronize(stream: StreamLike, *, device: int | None = None) -> None:
