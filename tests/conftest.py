@@ -48,6 +48,7 @@ collect_ignore = [] if _have_protobuf() else [
     "test_runtime_fastpath.py",
     "test_runtime_placement.py",
     "test_runtime_stub.py",
+    "test_upstream_flows.py",
     "typing/test_runtime_types.py",
 ]
 

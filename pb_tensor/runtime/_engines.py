@@ -15,6 +15,7 @@ import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -31,7 +32,14 @@ from pb_tensor.runtime._host import (
     RequestData,
 )
 from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
-from pb_tensor.runtime._tracker import FINAL, Reply, Tracker
+from pb_tensor.runtime._tracker import (
+    FINAL,
+    Cancellation,
+    Reply,
+    Tracker,
+    acting_as,
+    acting_for,
+)
 from pb_tensor.shm import SharedMemoryPool
 
 __all__ = ["Engine", "InProcessEngine", "StubEngine", "StubFailure"]
@@ -46,7 +54,9 @@ _ACK_BYTES = 1 << 20
 class Engine(Protocol):
     """What :class:`~pb_tensor.runtime.LoadedModel` runs requests on."""
 
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]: ...
+    def run(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+    ) -> Iterable[Reply]: ...
     def metrics(self) -> dict[str, Any]: ...
     def is_ready(self) -> tuple[bool, str | None]: ...
     def stop(self) -> str | None: ...
@@ -62,15 +72,41 @@ def _reply_from(index: int, response: InferenceResponse | None, flags: int) -> R
     return Reply(index, response.output_tensors(), error, response.parameters(), flags, True)
 
 
-def _never_cancelled(index: int) -> bool:
-    return False
+Event = tuple[int, InferenceResponse | None, int]
+
+
+def _checker(cancel: Cancellation | None, cancelled: set[int]) -> Callable[[int], bool]:
+    """``is_cancelled(index)`` of a run: the caller cancelled, or the runtime gave up on
+    the request (timeout, early stop)."""
+    if cancel is None:
+        return cancelled.__contains__
+    return lambda index: cancel.cancelled or index in cancelled
+
+
+def _timed_out(instance_name: str, timeout: float | None) -> InferenceError:
+    return InferenceError(
+        f"Failed to process the request(s) for model instance '{instance_name}', message: "
+        f"no final response within the timeout of {timeout} s",
+        TritonError.UNAVAILABLE,
+    )
+
+
+class _Returned:
+    """``execute`` returned (``error``: its failure), queued after the responses it sent."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str | None) -> None:
+        self.error = error
 
 
 class InProcessEngine:
-    """The model runs in this process, in the calling thread (``isolated=False``).
+    """The model runs in this process (``isolated=False``): a non-decoupled model in the
+    calling thread, a decoupled model's ``execute`` in a thread of its own.
 
-    A ``timeout`` limits only the wait for responses sent after ``execute`` returned (a
-    decoupled model's background threads): code running in this thread cannot be stopped.
+    A ``timeout`` limits the wait for a decoupled model's responses and for responses sent
+    after ``execute`` returned; a non-decoupled ``execute`` running in the calling thread
+    cannot be stopped.
     """
 
     def __init__(self, info: HostInfo, cls: type, backend: ModelBackend) -> None:
@@ -81,16 +117,21 @@ class InProcessEngine:
     def pid(self) -> int | None:
         return None
 
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
+    def run(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+    ) -> Iterable[Reply]:
         if self.host.info.decoupled:
-            return self._run_decoupled(batch, timeout)
-        # Every response arrives before execute returns: the replies are a list.
+            return self._run_decoupled(batch, timeout, cancel)
+        # Every response but those sent after execute returned arrives before it returns:
+        # the replies are a list.
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        cancelled: set[int] = set()
+        built = self.host.build_requests(
+            batch, lambda i, r, f: events.put((i, r, f)), _checker(cancel, cancelled)
+        )
+        error = self.host.execute(built)
+        sent = _queued(events)
         replies: list[Reply]
-        sent: list[tuple[int, InferenceResponse | None, int]] = []
-        error = self.host.execute(
-            self.host.build_requests(batch, lambda i, r, f: sent.append((i, r, f)),
-                                     _never_cancelled)
-        )  # fmt: skip
         if error is None and len(sent) == len(batch):
             # Each request got one final response, in order: the tracker would pass them all.
             replies = []
@@ -104,29 +145,58 @@ class InProcessEngine:
         replies = []
         for item in sent:
             replies.extend(tracker.reply(_reply_from(*item)))
-        replies.extend(tracker.done(error))
+        waiting = built.waiting() if error is None and tracker.pending else ()
+        replies.extend(tracker.done(error, waiting))
+        if not tracker.finished:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            replies.extend(self._wait(tracker, events, deadline, timeout, cancelled))
         return replies
 
-    def _run_decoupled(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
+    def _wait(
+        self,
+        tracker: Tracker,
+        events: queue.SimpleQueue[Event],
+        deadline: float | None,
+        timeout: float | None,
+        cancelled: set[int],
+    ) -> Iterator[Reply]:
+        """The replies sent after ``execute`` returned, until every request's final flag
+        (or the deadline: the rest are cancelled and fail)."""
+        while not tracker.finished:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            try:
+                if remaining is not None and remaining <= 0:
+                    raise queue.Empty
+                item = events.get(timeout=remaining)
+            except queue.Empty:
+                cancelled.update(tracker.pending)
+                yield from tracker.fail(_timed_out(self.host.info.instance_name, timeout))
+                return
+            yield from tracker.reply(_reply_from(*item))
+
+    def _run_decoupled(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None
+    ) -> Iterator[Reply]:
+        """``execute`` runs in a thread of its own while this one reads the responses as
+        they come, as a Triton client reads a stub's: a cancellation or a BLS caller's
+        ``cancel()`` reaches a model still in ``execute``, and this wait stays
+        interruptible (signals reach the caller) and bounded by ``timeout``."""
         info = self.host.info
         tracker = Tracker(len(batch), True, info.instance_name)
         deadline = None if timeout is None else time.monotonic() + timeout
-        events: queue.SimpleQueue[tuple[int, InferenceResponse | None, int]] = (
-            queue.SimpleQueue()
-        )
+        events: queue.SimpleQueue[Event | _Returned] = queue.SimpleQueue()
         cancelled: set[int] = set()
         requests = self.host.build_requests(
-            batch, lambda i, r, f: events.put((i, r, f)), cancelled.__contains__
+            batch, lambda i, r, f: events.put((i, r, f)), _checker(cancel, cancelled)
         )
-        error = self.host.execute(requests)
+        caller = acting_for()
+
+        def work() -> None:
+            with acting_as(caller):
+                events.put(_Returned(self.host.execute(requests)))
+
+        threading.Thread(target=work, name=f"pb-tensor-execute-{info.name}", daemon=True).start()
         try:
-            while True:
-                try:
-                    item = events.get_nowait()
-                except queue.Empty:
-                    break
-                yield from tracker.reply(_reply_from(*item))
-            yield from tracker.done(error)
             while not tracker.finished:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 try:
@@ -135,30 +205,27 @@ class InProcessEngine:
                     item = events.get(timeout=remaining)
                 except queue.Empty:
                     cancelled.update(tracker.pending)
-                    yield from tracker.fail(
-                        InferenceError(
-                            f"Failed to process the request(s) for model instance "
-                            f"'{info.instance_name}', message: no final response within "
-                            f"the timeout of {timeout} s",
-                            TritonError.UNAVAILABLE,
-                        )
-                    )
+                    yield from tracker.fail(_timed_out(info.instance_name, timeout))
                     return
-                yield from tracker.reply(_reply_from(*item))
+                if isinstance(item, _Returned):
+                    yield from tracker.done(item.error)
+                else:
+                    yield from tracker.reply(_reply_from(*item))
         finally:
             if not tracker.finished:
                 # The caller stopped reading early: cancel, and give the model a moment to
                 # send its final flags (their responses are dropped).
                 cancelled.update(tracker.pending)
-                if not tracker.returned:
-                    tracker.done(error)
                 end = time.monotonic() + 10.0
                 while not tracker.finished and time.monotonic() < end:
                     try:
                         item = events.get(timeout=max(0.0, end - time.monotonic()))
                     except queue.Empty:
                         break
-                    tracker.reply(_reply_from(*item))
+                    if isinstance(item, _Returned):
+                        tracker.done(item.error)
+                    else:
+                        tracker.reply(_reply_from(*item))
 
     def metrics(self) -> dict[str, Any]:
         from pb_tensor.runtime._seam import metric_snapshot
@@ -317,7 +384,9 @@ class StubEngine:
         self.channel = None
 
     # -- requests -----------------------------------------------------------------------------
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
+    def run(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+    ) -> Iterator[Reply]:
         info = self.info
         if info is None:
             raise StubFailure("the model was never initialized")
@@ -336,8 +405,11 @@ class StubEngine:
             tensors.extend(r.inputs)
             body.append((len(r.inputs), r.requested_outputs, r.request_id, r.correlation_id,
                          r.flags, r.parameters, r.timeout_us))
+        unsubscribe = None
         try:
             channel.send("execute", body, tensors)
+            if cancel is not None:
+                unsubscribe = cancel.subscribe(lambda: _send_cancel(channel, len(batch)))
             received = 0
             while not tracker.finished:
                 kind, out, msg = self._next(deadline)
@@ -352,7 +424,7 @@ class StubEngine:
                 elif kind == "done":
                     for reply in _batched(msg[1], out):
                         yield from tracker.reply(reply)
-                    yield from tracker.done(msg[0])
+                    yield from tracker.done(msg[0], msg[2])
                 else:
                     self._handler(self, kind, out, msg)
             if received >= _ACK_BYTES:
@@ -380,6 +452,8 @@ class StubEngine:
                 )
             )
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             if not tracker.finished and self.channel is not None:
                 # The caller stopped reading early: cancel and drain, so the channel stays
                 # in step; a stub that does not finish in time is killed.
@@ -400,7 +474,7 @@ class StubEngine:
                 elif kind == "done":
                     for reply in _batched(msg[1], out):
                         tracker.reply(reply)
-                    tracker.done(msg[0])
+                    tracker.done(msg[0], msg[2])
                 else:
                     self._handler(self, kind, out, msg)
         except (ChannelClosed, TimeoutError):
@@ -453,6 +527,23 @@ class StubEngine:
                 pass
         self.kill()
         return error
+
+
+def _send_cancel(channel: Channel, size: int) -> None:
+    """Tell the stub the caller cancelled the requests of the running batch."""
+    with contextlib.suppress(ChannelClosed):
+        for index in range(size):
+            channel.send("cancel", index)
+
+
+def _queued(events: queue.SimpleQueue[Event]) -> list[Event]:
+    """What is in ``events`` now."""
+    out = []
+    while True:
+        try:
+            out.append(events.get_nowait())
+        except queue.Empty:
+            return out
 
 
 def _batched(replies: list[tuple[Any, ...]], tensors: list[Tensor]) -> Iterator[Reply]:

@@ -34,6 +34,7 @@ from pb_tensor.runtime._seam import (
     close_sender,
     created_senders,
     new_request,
+    sender_is_closed,
     set_backend,
 )
 
@@ -305,10 +306,11 @@ class ModelHost:
             )
             log.error("%s", error)
         if error is not None or not self.info.decoupled:
-            # Senders made from now on come closed; close the ones the model took (none
-            # when every response went out directly: later senders count those as sent).
+            # Senders made from now on come closed. After a failure, close the ones the
+            # model took; a non-decoupled model may still send its one response through an
+            # open sender (from another thread), as in Triton.
             batch.done = True
-            if batch.direct != len(requests):
+            if error is not None and batch.direct != len(requests):
                 for sender in created_senders(requests):
                     close_sender(sender)
         return error
@@ -375,7 +377,7 @@ class Batch:
     """The requests of one ``execute`` call and where their responses go; the source of
     their senders (made on first use: non-decoupled models rarely ask for one)."""
 
-    __slots__ = ("_is_cancelled", "decoupled", "direct", "done", "requests", "sink")
+    __slots__ = ("_is_cancelled", "decoupled", "direct", "done", "requests", "senders", "sink")
 
     def __init__(self, sink: Sink, is_cancelled: Callable[[int], bool], decoupled: bool) -> None:
         self.sink = sink
@@ -387,6 +389,12 @@ class Batch:
         self.done = False
         # How many returned responses the runtime delivered without a sender.
         self.direct = 0
+        self.senders: dict[int, InferenceResponseSender] = {}
+
+    def waiting(self) -> list[int]:
+        """The requests whose sender the model took and did not close: a non-decoupled
+        model may send their response after ``execute`` returned."""
+        return [i for i, s in self.senders.items() if not sender_is_closed(s)]
 
     def make_sender(
         self, index: int, requested_output_names: Collection[str]
@@ -400,6 +408,7 @@ class Batch:
         )
         if self.done:
             close_sender(sender)
+        self.senders[index] = sender
         return sender
 
     def is_cancelled(self, index: int) -> bool:

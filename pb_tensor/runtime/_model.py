@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -9,6 +10,8 @@ from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
+from pb_tensor.runtime._calls import InferFuture, ResponseStream, settle
+from pb_tensor.runtime._channel import ChannelClosed
 from pb_tensor.runtime._engines import Engine, InProcessEngine, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
@@ -17,7 +20,15 @@ from pb_tensor.runtime._seam import (
     InferenceRequest,
     TritonError,
 )
-from pb_tensor.runtime._tracker import FINAL, Reply
+from pb_tensor.runtime._tracker import (
+    FINAL,
+    Cancellation,
+    Reply,
+    acting_as,
+    acting_for,
+    acts_for,
+    cancelled_error,
+)
 from pb_tensor.runtime._validate import ModelSpec, array_tensors, validate_request
 from pb_tensor.runtime._values import InputValue, Outputs, ParameterValue, outputs_of, to_tensor
 
@@ -27,6 +38,11 @@ if TYPE_CHECKING:
     from pb_tensor.runtime._repository import ModelRepository
 
 __all__ = ["LoadedModel"]
+
+
+def _cancelled(where: list[int]) -> list[Reply]:
+    """The replies of requests cancelled before they ran."""
+    return [Reply(i, [], cancelled_error(), "{}", FINAL, False) for i in where]
 
 log = logging.getLogger("pb_tensor.runtime")
 
@@ -67,6 +83,9 @@ class LoadedModel:
         self._eager = False
         self._lock = threading.RLock()
         self._busy_thread: int | None = None
+        # The decoupled BLS requests of this model's stub in flight, by call id.
+        self._bls_calls: dict[int, Cancellation] = {}
+        self._bls_lock = threading.Lock()
         self._input_dtypes: dict[str, Any] = {}
         for io in spec.inputs:
             if io.dtype != TritonDtype.TYPE_BYTES:
@@ -148,9 +167,12 @@ class LoadedModel:
             params,
         )
 
-    def _replies(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
+    def _replies(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+    ) -> Iterable[Reply]:
         """Validate, run, and give every reply (errors included) with batch indexes: a list
-        when the engine's run completes them all at once, else a generator."""
+        when the engine's run completes them all at once, else a generator. ``cancel``: the
+        caller's cancellation of the batch (a batch cancelled while queued does not run)."""
         early: list[Reply] = []
         valid: list[RequestData] = []
         where: list[int] = []
@@ -174,7 +196,8 @@ class LoadedModel:
             where.append(i)
         if not valid:
             return early
-        if self._busy_thread == threading.get_ident():
+        busy = self._busy_thread
+        if busy is not None and acts_for(busy):
             error = InferenceError(
                 f"model '{self._name}' has one instance and this thread is already using it "
                 "(a BLS request to itself, or a request made while iterating its stream)",
@@ -183,15 +206,18 @@ class LoadedModel:
             early.extend(Reply(i, [], error, "{}", FINAL, False) for i in where)
             return early
         if not self._eager:
-            return self._run_lazily(early, valid, where, timeout)
+            return self._run_lazily(early, valid, where, timeout, cancel)
         with self._lock:
             engine = self._engine
             if engine is None:
                 early.extend(self._unloaded(where))
                 return early
+            if cancel is not None and cancel.cancelled:
+                early.extend(_cancelled(where))
+                return early
             self._busy_thread = threading.get_ident()
             try:
-                ran = engine.run(valid, self._timeout if timeout is None else timeout)
+                ran = engine.run(valid, self._timeout if timeout is None else timeout, cancel)
                 replies = ran if type(ran) is list else list(ran)
             finally:
                 self._busy_thread = None
@@ -210,7 +236,7 @@ class LoadedModel:
 
     def _run_lazily(
         self, early: list[Reply], valid: list[RequestData], where: list[int],
-        timeout: float | None,
+        timeout: float | None, cancel: Cancellation | None,
     ) -> Iterator[Reply]:
         yield from early
         with self._lock:
@@ -218,9 +244,13 @@ class LoadedModel:
             if engine is None:
                 yield from self._unloaded(where)
                 return
+            if cancel is not None and cancel.cancelled:
+                yield from _cancelled(where)
+                return
             self._busy_thread = threading.get_ident()
             try:
-                for reply in engine.run(valid, self._timeout if timeout is None else timeout):
+                run = engine.run(valid, self._timeout if timeout is None else timeout, cancel)
+                for reply in run:
                     reply.index = where[reply.index]
                     yield reply
             finally:
@@ -251,8 +281,13 @@ class LoadedModel:
         """
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
+        return self._first_outputs(data, timeout, None)
+
+    def _first_outputs(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None
+    ) -> Outputs:
         first: Reply | None = None
-        for reply in self._replies([data], timeout):
+        for reply in self._replies([data], timeout, cancel):
             if first is None and (reply.has_response or reply.error is not None):
                 first = reply
         if first is None:
@@ -264,6 +299,44 @@ class LoadedModel:
         if first.error is not None:
             raise first.error
         return outputs_of(first)
+
+    def infer_async(
+        self,
+        inputs: Mapping[str, InputValue],
+        *,
+        requested_outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> InferFuture:
+        """Run one request in a background thread; a future of its outputs.
+
+        Takes the arguments of :meth:`infer`. Requests wait their turn as with :meth:`infer`
+        (one instance). ``future.cancel()`` cancels the request whether it still waits or
+        already runs: the model sees ``request.is_cancelled()`` turn True, and the future
+        fails with Triton's CANCELLED error. ``asyncio.wrap_future(future)`` awaits it.
+
+        Raises:
+            TypeError, TritonModelException: as :meth:`infer`, for malformed inputs (at once;
+                every other error comes through the future).
+        """
+        data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
+                             request_id)
+        cancellation = Cancellation()
+        future = InferFuture(cancellation)
+
+        def work() -> None:
+            try:
+                outputs = self._first_outputs(data, timeout, cancellation)
+            except BaseException as exc:
+                settle(future, None, exc)
+            else:
+                settle(future, outputs, None)
+
+        threading.Thread(target=work, name=f"pb-tensor-infer-{self._name}", daemon=True).start()
+        return future
 
     def infer_many(
         self,
@@ -307,12 +380,14 @@ class LoadedModel:
         flags: int = 0,
         request_id: str = "",
         timeout: float | None = None,
-    ) -> Generator[Outputs, None, None]:
+    ) -> ResponseStream:
         """Run one request and yield the outputs of each response as it arrives (decoupled
         models send any number); the iterator ends at the final flag.
 
         Stopping early cancels the request (``request.is_cancelled()`` turns true in the
-        model) and waits for the model to finish it.
+        model) and waits for the model to finish it. ``cancel()`` on the returned iterator
+        cancels the request from any thread: the iterator then raises Triton's CANCELLED
+        error.
 
         Raises:
             InferenceError: when the model sends an error response, raises, crashes or times
@@ -320,22 +395,41 @@ class LoadedModel:
         """
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
-        return self._stream(data, timeout)
+        cancellation = Cancellation()
+        return ResponseStream(self._stream(data, timeout, cancellation), cancellation)
 
     def _stream(
-        self, data: RequestData, timeout: float | None
+        self, data: RequestData, timeout: float | None, cancel: Cancellation
     ) -> Generator[Outputs, None, None]:
-        for reply in self._replies([data], timeout):
-            if reply.error is not None:
-                raise reply.error
-            if reply.has_response:
-                yield outputs_of(reply)
+        replies = iter(self._replies([data], timeout, cancel))
+        try:
+            for reply in replies:
+                if reply.error is not None:
+                    raise reply.error
+                if reply.has_response:
+                    yield outputs_of(reply)
+                    if not self._decoupled:
+                        # A non-decoupled request has one response: what follows (an error
+                        # of a second send) is dropped, as Triton's front ends drop it.
+                        for _ in replies:
+                            pass
+                        return
+        finally:
+            # Now, not when a traceback holding this frame goes: the run holds the model.
+            close = getattr(replies, "close", None)
+            if close is not None:
+                close()
 
     # -- BLS ----------------------------------------------------------------------------------
     def bls_replies(
-        self, request: InferenceRequest, timeout_us: int | None, decoupled: bool
+        self,
+        request: InferenceRequest,
+        timeout_us: int | None,
+        decoupled: bool,
+        cancel: Cancellation | None = None,
     ) -> Iterator[Reply]:
-        """Run a BLS request made by this model: route it to its target model."""
+        """Run a BLS request made by this model: route it to its target model (``cancel``:
+        the caller's ``ResponseIterator.cancel()``)."""
         data = RequestData(
             list(request.inputs()),
             sorted(request.requested_output_names()),
@@ -346,7 +440,7 @@ class LoadedModel:
             timeout_us or 0,
         )
         return self.bls_data_replies(
-            request.model_name(), request.model_version(), data, timeout_us, decoupled
+            request.model_name(), request.model_version(), data, timeout_us, decoupled, cancel
         )
 
     def bls_data_replies(
@@ -356,6 +450,7 @@ class LoadedModel:
         data: RequestData,
         timeout_us: int | None,
         decoupled: bool,
+        cancel: Cancellation | None = None,
     ) -> Iterator[Reply]:
         """Replies of ``model_name`` to ``data``, with the errors Triton's BLS executor gives
         for an unknown model or a decoupled one called without ``decoupled=True``."""
@@ -377,7 +472,7 @@ class LoadedModel:
             )
             return iter([Reply(0, [], error, "{}", FINAL, False)])
         timeout = None if not timeout_us else timeout_us / 1e6
-        return iter(target._replies([data], timeout))
+        return iter(target._replies([data], timeout, cancel))
 
     def on_stub_message(self, engine: StubEngine, kind: str, tensors: list[Tensor],
                         body: Any) -> None:
@@ -387,10 +482,33 @@ class LoadedModel:
              parameters, timeout_us, decoupled) = body  # fmt: skip
             data = RequestData(tensors, requested, request_id, correlation_id, flags,
                                parameters, timeout_us)
-            for r in self.bls_data_replies(model_name, version, data, timeout_us, decoupled):
-                err = None if r.error is None else (r.error.message(), int(r.error.code()))
-                engine.send("bls_reply", (call_id, err, r.parameters, r.flags, r.has_response),
-                            r.tensors)
+            if not decoupled:
+                self._forward_bls(engine, call_id, model_name, version, data, None)
+                return
+            # A decoupled BLS request streams in a thread of its own, so that this thread
+            # keeps reading the stub: its ResponseIterator.cancel() arrives meanwhile.
+            cancellation = Cancellation()
+            with self._bls_lock:
+                self._bls_calls[call_id] = cancellation
+            caller = acting_for()
+
+            def forward() -> None:
+                with acting_as(caller):
+                    try:
+                        self._forward_bls(engine, call_id, model_name, version, data,
+                                          cancellation)  # fmt: skip
+                    finally:
+                        with self._bls_lock:
+                            self._bls_calls.pop(call_id, None)
+
+            threading.Thread(target=forward, name=f"pb-tensor-bls-{model_name}",
+                             daemon=True).start()  # fmt: skip
+            return
+        if kind == "bls_cancel":
+            with self._bls_lock:
+                found = self._bls_calls.get(body)
+            if found is not None:
+                found.cancel()
             return
         call_id, payload = body
         try:
@@ -399,6 +517,26 @@ class LoadedModel:
             engine.send("control_reply", (call_id, False, str(exc)))
             return
         engine.send("control_reply", (call_id, True, result))
+
+    def _forward_bls(
+        self,
+        engine: StubEngine,
+        call_id: int,
+        model_name: str,
+        version: int,
+        data: RequestData,
+        cancel: Cancellation | None,
+    ) -> None:
+        """Send the replies of a stub's BLS request back to it as they come."""
+        decoupled = cancel is not None
+        replies = self.bls_data_replies(
+            model_name, version, data, data.timeout_us, decoupled, cancel
+        )
+        with contextlib.suppress(ChannelClosed):  # the caller's stub went away
+            for r in replies:
+                err = None if r.error is None else (r.error.message(), int(r.error.code()))
+                engine.send("bls_reply", (call_id, err, r.parameters, r.flags, r.has_response),
+                            r.tensors)  # fmt: skip
 
     # -- lifecycle ----------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
