@@ -9,6 +9,7 @@ backend) differ.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import importlib.util
 import itertools
@@ -55,6 +56,7 @@ log = logging.getLogger("pb_tensor.runtime")
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 _module_ids = itertools.count()
+_LOOP_STOP_TIMEOUT = 5.0
 
 
 class UserModelError(Exception):
@@ -206,7 +208,10 @@ class ModelHost:
         self._cls = cls
         self._backend = backend
         self._instance: Any = None
+        # The event loop of ``async def execute``, running in a thread of its own once made
+        # (upstream's stub does the same): tasks a coroutine starts keep running after it.
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -245,8 +250,10 @@ class ModelHost:
         return result, None
 
     def finalize(self) -> str | None:
-        """Call ``finalize()`` when defined; the error text if it raised."""
+        """Stop the event loop of ``async def execute`` (as upstream, before ``finalize``),
+        then call ``finalize()`` when defined; the error text if it raised."""
         instance, self._instance = self._instance, None
+        self._stop_loop()
         previous = set_backend(self._backend)
         try:
             fin = getattr(instance, "finalize", None)
@@ -257,10 +264,29 @@ class ModelHost:
             return format_exception(exc)
         finally:
             set_backend(previous)
-            if self._loop is not None:
-                self._loop.close()
-                self._loop = None
         return None
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop coroutines of ``execute`` run on (started on first use)."""
+        loop = self._loop
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name=f"pb-tensor-loop-{self.info.name}", daemon=True
+            )
+            thread.start()
+            self._loop, self._loop_thread = loop, thread
+        return loop
+
+    def _stop_loop(self) -> None:
+        loop, thread = self._loop, self._loop_thread
+        self._loop = self._loop_thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(_LOOP_STOP_TIMEOUT)
+        if not thread.is_alive():  # a task blocking the loop keeps it: leave it to exit
+            loop.close()
 
     # -- execute ------------------------------------------------------------------------------
     def build_requests(
@@ -325,9 +351,15 @@ class ModelHost:
         try:
             returned = instance.execute(requests)
             if type(returned) is not list and asyncio.iscoroutine(returned):
-                if self._loop is None:
-                    self._loop = asyncio.new_event_loop()
-                returned = self._loop.run_until_complete(returned)
+                future = asyncio.run_coroutine_threadsafe(
+                    _serving(self._backend, returned), self._event_loop()
+                )
+                if self.info.decoupled:
+                    # As upstream: a decoupled model's coroutine runs on in the background
+                    # (its responses come through the senders); its failure is only logged.
+                    future.add_done_callback(_log_background_failure)
+                    return None
+                returned = future.result()
             return self._process_returned(batch, returned)
         except (Exception, SystemExit) as exc:
             return format_exception(exc)
@@ -371,6 +403,22 @@ class ModelHost:
             except TritonModelException as exc:
                 return str(exc)
         return None
+
+
+async def _serving(backend: ModelBackend, coroutine: Any) -> Any:
+    """Await ``coroutine`` with ``backend`` serving its BLS calls (the loop's task has a
+    context of its own; tasks it starts inherit the backend)."""
+    set_backend(backend)
+    return await coroutine
+
+
+def _log_background_failure(future: concurrent.futures.Future[Any]) -> None:
+    """Log what a background ``async def execute`` raised, as upstream's stub logs it."""
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        log.error("%s", "".join(traceback.format_exception(exc)))
 
 
 class Batch:
