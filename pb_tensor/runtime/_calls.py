@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
 
-from pb_tensor.runtime._tracker import Cancellation, cancelled_error
-from pb_tensor.runtime._values import Outputs
+from pb_tensor.runtime._tracker import Cancellation, Reply, cancelled_error
+from pb_tensor.runtime._values import Outputs, outputs_of
 
-__all__ = ["BlsResponses", "InferFuture", "ResponseStream", "settle"]
+__all__ = ["BlsResponses", "InferFuture", "ResponseStream", "start", "stream_outputs"]
 
 
 T = TypeVar("T")
@@ -69,13 +70,42 @@ class InferFuture(concurrent.futures.Future[Outputs]):
         return True
 
 
-def settle(future: InferFuture, outputs: Outputs | None, error: BaseException | None) -> None:
-    """Complete ``future`` (nothing when :meth:`InferFuture.cancel` completed it first)."""
-    with contextlib.suppress(concurrent.futures.InvalidStateError):
-        if error is not None:
-            future.set_exception(error)
+def start(future: InferFuture, call: Callable[[], Outputs], name: str) -> None:
+    """Run ``call`` in a daemon thread named ``name``; its outcome completes ``future``
+    (unless :meth:`InferFuture.cancel` completed it first)."""
+
+    def work() -> None:
+        try:
+            outputs = call()
+        except BaseException as exc:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_exception(exc)
         else:
-            future.set_result(outputs if outputs is not None else Outputs())
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                future.set_result(outputs)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+
+
+def stream_outputs(replies: Iterator[Reply], decoupled: bool) -> Generator[Outputs, None, None]:
+    """The outputs of each response among ``replies`` (one request's); an error reply
+    raises. A non-decoupled request has one response: what follows it (an error of a second
+    send) is dropped, as Triton's front ends drop it."""
+    try:
+        for reply in replies:
+            if reply.error is not None:
+                raise reply.error
+            if reply.has_response:
+                yield outputs_of(reply)
+                if not decoupled:
+                    for _ in replies:
+                        pass
+                    return
+    finally:
+        # Now, not when a traceback holding this frame goes: the run holds the model.
+        close = getattr(replies, "close", None)
+        if close is not None:
+            close()
 
 
 class ResponseStream(Iterator[Outputs]):

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import threading
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
-from pb_tensor.runtime._calls import InferFuture, ResponseStream, settle
-from pb_tensor.runtime._channel import ChannelClosed
+from pb_tensor.runtime._bls import StubBls
+from pb_tensor.runtime._calls import InferFuture, ResponseStream, start, stream_outputs
 from pb_tensor.runtime._engines import Engine, InProcessEngine, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
@@ -24,8 +23,6 @@ from pb_tensor.runtime._tracker import (
     FINAL,
     Cancellation,
     Reply,
-    acting_as,
-    acting_for,
     acts_for,
     cancelled_error,
 )
@@ -83,9 +80,7 @@ class LoadedModel:
         self._eager = False
         self._lock = threading.RLock()
         self._busy_thread: int | None = None
-        # The decoupled BLS requests of this model's stub in flight, by call id.
-        self._bls_calls: dict[int, Cancellation] = {}
-        self._bls_lock = threading.Lock()
+        self._stub_bls = StubBls(self.bls_data_replies)
         self._input_dtypes: dict[str, Any] = {}
         for io in spec.inputs:
             if io.dtype != TritonDtype.TYPE_BYTES:
@@ -327,15 +322,8 @@ class LoadedModel:
         cancellation = Cancellation()
         future = InferFuture(cancellation)
 
-        def work() -> None:
-            try:
-                outputs = self._first_outputs(data, timeout, cancellation)
-            except BaseException as exc:
-                settle(future, None, exc)
-            else:
-                settle(future, outputs, None)
-
-        threading.Thread(target=work, name=f"pb-tensor-infer-{self._name}", daemon=True).start()
+        start(future, lambda: self._first_outputs(data, timeout, cancellation),
+              f"pb-tensor-infer-{self._name}")  # fmt: skip
         return future
 
     def infer_many(
@@ -396,29 +384,15 @@ class LoadedModel:
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
         cancellation = Cancellation()
-        return ResponseStream(self._stream(data, timeout, cancellation), cancellation)
+        replies = self._lazy_replies(data, timeout, cancellation)
+        return ResponseStream(stream_outputs(replies, self._decoupled), cancellation)
 
-    def _stream(
+    def _lazy_replies(
         self, data: RequestData, timeout: float | None, cancel: Cancellation
-    ) -> Generator[Outputs, None, None]:
-        replies = iter(self._replies([data], timeout, cancel))
-        try:
-            for reply in replies:
-                if reply.error is not None:
-                    raise reply.error
-                if reply.has_response:
-                    yield outputs_of(reply)
-                    if not self._decoupled:
-                        # A non-decoupled request has one response: what follows (an error
-                        # of a second send) is dropped, as Triton's front ends drop it.
-                        for _ in replies:
-                            pass
-                        return
-        finally:
-            # Now, not when a traceback holding this frame goes: the run holds the model.
-            close = getattr(replies, "close", None)
-            if close is not None:
-                close()
+    ) -> Iterator[Reply]:
+        """The replies of ``data``, run on first ``next``: a stream cancelled before it
+        starts never reaches the model."""
+        yield from self._replies([data], timeout, cancel)
 
     # -- BLS ----------------------------------------------------------------------------------
     def bls_replies(
@@ -478,37 +452,10 @@ class LoadedModel:
                         body: Any) -> None:
         """Serve a stub's request to the runtime (BLS, model control)."""
         if kind == "bls":
-            (call_id, model_name, version, requested, request_id, correlation_id, flags,
-             parameters, timeout_us, decoupled) = body  # fmt: skip
-            data = RequestData(tensors, requested, request_id, correlation_id, flags,
-                               parameters, timeout_us)
-            if not decoupled:
-                self._forward_bls(engine, call_id, model_name, version, data, None)
-                return
-            # A decoupled BLS request streams in a thread of its own, so that this thread
-            # keeps reading the stub: its ResponseIterator.cancel() arrives meanwhile.
-            cancellation = Cancellation()
-            with self._bls_lock:
-                self._bls_calls[call_id] = cancellation
-            caller = acting_for()
-
-            def forward() -> None:
-                with acting_as(caller):
-                    try:
-                        self._forward_bls(engine, call_id, model_name, version, data,
-                                          cancellation)  # fmt: skip
-                    finally:
-                        with self._bls_lock:
-                            self._bls_calls.pop(call_id, None)
-
-            threading.Thread(target=forward, name=f"pb-tensor-bls-{model_name}",
-                             daemon=True).start()  # fmt: skip
+            self._stub_bls.serve(engine, tensors, body)
             return
         if kind == "bls_cancel":
-            with self._bls_lock:
-                found = self._bls_calls.get(body)
-            if found is not None:
-                found.cancel()
+            self._stub_bls.cancel(body)
             return
         call_id, payload = body
         try:
@@ -517,26 +464,6 @@ class LoadedModel:
             engine.send("control_reply", (call_id, False, str(exc)))
             return
         engine.send("control_reply", (call_id, True, result))
-
-    def _forward_bls(
-        self,
-        engine: StubEngine,
-        call_id: int,
-        model_name: str,
-        version: int,
-        data: RequestData,
-        cancel: Cancellation | None,
-    ) -> None:
-        """Send the replies of a stub's BLS request back to it as they come."""
-        decoupled = cancel is not None
-        replies = self.bls_data_replies(
-            model_name, version, data, data.timeout_us, decoupled, cancel
-        )
-        with contextlib.suppress(ChannelClosed):  # the caller's stub went away
-            for r in replies:
-                err = None if r.error is None else (r.error.message(), int(r.error.code()))
-                engine.send("bls_reply", (call_id, err, r.parameters, r.flags, r.has_response),
-                            r.tensors)  # fmt: skip
 
     # -- lifecycle ----------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
