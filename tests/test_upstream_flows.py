@@ -558,3 +558,56 @@ def test_async_execute_model_raise_exception(
             threading.Event().wait(0.05)
             model.is_ready()  # a stub's records arrive with its next message
     assert "ValueError: wait_secs cannot be negative" in caplog.text
+
+
+# -- waits the caller can interrupt (issue 18 item 5; the runtime's own model) ---------------------
+_UNTIL_CANCELLED = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        sender = requests[0].get_response_sender()
+        while not sender.is_cancelled():  # sends nothing until the caller gives up
+            time.sleep(0.01)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+_UNTIL_CANCELLED_CONFIG = """
+backend: "python"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: True }
+"""
+
+
+class _Alarm(TimeoutError):
+    """What the test's SIGALRM handler raises."""
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_wait_for_responses_is_interruptible(tmp_path: Path, isolated: bool) -> None:
+    """A signal handler's exception reaches a caller waiting for a decoupled model's
+    responses (no timeout set); the request is cancelled, and the model serves again."""
+    import signal
+
+    (tmp_path / "waits" / "1").mkdir(parents=True)
+    (tmp_path / "waits" / "1" / "model.py").write_text(_UNTIL_CANCELLED)
+    (tmp_path / "waits" / "config.pbtxt").write_text(_UNTIL_CANCELLED_CONFIG)
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise _Alarm("alarm")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        with ModelRepository(tmp_path) as repo, repo.load("waits", isolated=isolated) as model:
+            for _ in range(2):
+                signal.setitimer(signal.ITIMER_REAL, 0.3)
+                with pytest.raises(_Alarm):
+                    list(model.stream({"IN": np.array([1], np.int32)}))
+            assert model.is_ready()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -124,7 +124,7 @@ class InProcessEngine:
             return self._run_decoupled(batch, timeout, cancel)
         # Every response but those sent after execute returned arrives before it returns:
         # the replies are a list.
-        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        events: queue.SimpleQueue[Event | _Returned] = queue.SimpleQueue()
         cancelled: set[int] = set()
         built = self.host.build_requests(
             batch, lambda i, r, f: events.put((i, r, f)), _checker(cancel, cancelled)
@@ -155,13 +155,13 @@ class InProcessEngine:
     def _wait(
         self,
         tracker: Tracker,
-        events: queue.SimpleQueue[Event],
+        events: queue.SimpleQueue[Event | _Returned],
         deadline: float | None,
         timeout: float | None,
         cancelled: set[int],
     ) -> Iterator[Reply]:
-        """The replies sent after ``execute`` returned, until every request's final flag
-        (or the deadline: the rest are cancelled and fail)."""
+        """The replies as ``events`` brings them, until every request's final flag (or the
+        deadline: the rest are cancelled and fail)."""
         while not tracker.finished:
             remaining = None if deadline is None else deadline - time.monotonic()
             try:
@@ -172,7 +172,10 @@ class InProcessEngine:
                 cancelled.update(tracker.pending)
                 yield from tracker.fail(_timed_out(self.host.info.instance_name, timeout))
                 return
-            yield from tracker.reply(_reply_from(*item))
+            if isinstance(item, _Returned):
+                yield from tracker.done(item.error)
+            else:
+                yield from tracker.reply(_reply_from(*item))
 
     def _run_decoupled(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None
@@ -197,20 +200,7 @@ class InProcessEngine:
 
         threading.Thread(target=work, name=f"pb-tensor-execute-{info.name}", daemon=True).start()
         try:
-            while not tracker.finished:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                try:
-                    if remaining is not None and remaining <= 0:
-                        raise queue.Empty
-                    item = events.get(timeout=remaining)
-                except queue.Empty:
-                    cancelled.update(tracker.pending)
-                    yield from tracker.fail(_timed_out(info.instance_name, timeout))
-                    return
-                if isinstance(item, _Returned):
-                    yield from tracker.done(item.error)
-                else:
-                    yield from tracker.reply(_reply_from(*item))
+            yield from self._wait(tracker, events, deadline, timeout, cancelled)
         finally:
             if not tracker.finished:
                 # The caller stopped reading early: cancel, and give the model a moment to
@@ -237,6 +227,11 @@ class InProcessEngine:
 
     def stop(self) -> str | None:
         return self.host.finalize()
+
+
+class _NoAnswer(TimeoutError):
+    """The stub did not answer in time (a ``TimeoutError`` a signal handler raises in the
+    caller's wait is the caller's, not this)."""
 
 
 class StubFailure(Exception):
@@ -354,7 +349,7 @@ class StubEngine:
                 if kind in kinds:
                     return kind, tensors, body
                 self._handler(self, kind, tensors, body)
-        except (ChannelClosed, TimeoutError) as exc:
+        except (ChannelClosed, _NoAnswer) as exc:
             self.kill()
             raise StubFailure(
                 f"Stub process for model '{self.name}' failed to start: {exc}"
@@ -368,7 +363,7 @@ class StubEngine:
             if deadline is not None:
                 remaining = max(0.0, deadline - time.monotonic())
                 if not channel.poll(remaining):
-                    raise TimeoutError(f"no answer within {remaining} s")
+                    raise _NoAnswer(f"no answer within {remaining} s")
             kind, tensors, body = channel.recv()
             if kind == "log":
                 _emit(body, self.pid)
@@ -441,7 +436,7 @@ class StubEngine:
                     TritonError.INTERNAL,
                 )
             )
-        except TimeoutError:
+        except _NoAnswer:
             self.kill()
             yield from tracker.fail(
                 InferenceError(
@@ -477,7 +472,7 @@ class StubEngine:
                     tracker.done(msg[0], msg[2])
                 else:
                     self._handler(self, kind, out, msg)
-        except (ChannelClosed, TimeoutError):
+        except (ChannelClosed, _NoAnswer):
             self.kill()
 
     def send(self, kind: str, body: Any, tensors: list[Tensor] | None = None) -> None:
@@ -523,7 +518,7 @@ class StubEngine:
                     if kind not in ("response", "done"):
                         self._handler(self, kind, out, msg)
                 proc.wait(_FINALIZE_TIMEOUT)
-            except (ChannelClosed, TimeoutError, subprocess.TimeoutExpired):
+            except (ChannelClosed, _NoAnswer, subprocess.TimeoutExpired):
                 pass
         self.kill()
         return error
@@ -536,14 +531,16 @@ def _send_cancel(channel: Channel, size: int) -> None:
             channel.send("cancel", index)
 
 
-def _queued(events: queue.SimpleQueue[Event]) -> list[Event]:
-    """What is in ``events`` now."""
-    out = []
+def _queued(events: queue.SimpleQueue[Event | _Returned]) -> list[Event]:
+    """The responses in ``events`` now (a non-decoupled run's queue holds nothing else)."""
+    out: list[Event] = []
     while True:
         try:
-            out.append(events.get_nowait())
+            item = events.get_nowait()
         except queue.Empty:
             return out
+        if not isinstance(item, _Returned):
+            out.append(item)
 
 
 def _batched(replies: list[tuple[Any, ...]], tensors: list[Tensor]) -> Iterator[Reply]:
