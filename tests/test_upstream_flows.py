@@ -611,3 +611,66 @@ def test_wait_for_responses_is_interruptible(tmp_path: Path, isolated: bool) -> 
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+# -- BLS request timeout (qa bls model's test_timeout, run by a caller of the runtime's own) -------
+_BLS_TIMEOUT_CALLER = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """What qa python_models/bls/model.py's test_timeout does, one BLS request per call."""
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            timeout = int(pb_utils.get_input_tensor_by_name(request, "TIMEOUT").as_numpy()[0])
+            input0_np = np.random.randn(1, 1024 * 1024)
+            input0 = pb_utils.Tensor("INPUT0", input0_np.astype(np.float32))
+            infer_request = pb_utils.InferenceRequest(
+                model_name="identity_fp32_timeout",
+                inputs=[input0],
+                requested_output_names=["OUTPUT0"],
+                timeout=timeout,
+            )
+            infer_response = infer_request.exec()
+            message = infer_response.error().message() if infer_response.has_error() else ""
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("ERROR", np.array([message.encode()], dtype=np.object_)),
+                pb_utils.Tensor(
+                    "OUTPUTS", np.array([len(infer_response.output_tensors())], np.int32)
+                ),
+            ]))
+        return responses
+'''
+_BLS_TIMEOUT_CALLER_CONFIG = """
+backend: "python"
+input [ { name: "TIMEOUT" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [
+  { name: "ERROR" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "OUTPUTS" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+"""
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_bls_request_timeout(tmp_path: Path, isolated: bool) -> None:
+    """A BLS request's timeout (5 us) expires while it waits for the instance: Triton's
+    dynamic batcher rejects it (``default_queue_policy { timeout_action: REJECT
+    allow_timeout_override: true }``) with "Request timeout expired" and no outputs
+    (before: it ran). The 11 s case of upstream's test (it runs: the 1 s default applies)
+    costs the model's 5 s sleep and runs in isolated mode only."""
+    repository(tmp_path, {"identity_fp32_timeout": PYTHON_MODELS / "identity_fp32_timeout"})
+    (tmp_path / "bls_timeout" / "1").mkdir(parents=True)
+    (tmp_path / "bls_timeout" / "1" / "model.py").write_text(_BLS_TIMEOUT_CALLER)
+    (tmp_path / "bls_timeout" / "config.pbtxt").write_text(_BLS_TIMEOUT_CALLER_CONFIG)
+    with ModelRepository(tmp_path) as repo:
+        caller = repo.load("bls_timeout", isolated=isolated, timeout=60)
+        result = caller.infer({"TIMEOUT": np.array([5], np.int64)})
+        assert "Request timeout expired" in _text(result["ERROR"][0])
+        assert result["OUTPUTS"][0] == 0
+        if isolated:
+            result = caller.infer({"TIMEOUT": np.array([11000000000], np.int64)})
+            assert _text(result["ERROR"][0]) == ""
+            assert result["OUTPUTS"][0] == 1

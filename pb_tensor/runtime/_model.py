@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from pb_tensor.runtime._engines import Engine, InProcessEngine, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._placement import gpu_refusal
+from pb_tensor.runtime._queue import queue_policy
 from pb_tensor.runtime._seam import (
     InferenceRequest,
     TritonError,
@@ -81,6 +83,7 @@ class LoadedModel:
         self._lock = threading.RLock()
         self._busy_thread: int | None = None
         self._stub_bls = StubBls(self.bls_data_replies)
+        self._queue_policy = queue_policy(config)
         self._input_dtypes: dict[str, Any] = {}
         for io in spec.inputs:
             if io.dtype != TritonDtype.TYPE_BYTES:
@@ -168,6 +171,7 @@ class LoadedModel:
         """Validate, run, and give every reply (errors included) with batch indexes: a list
         when the engine's run completes them all at once, else a generator. ``cancel``: the
         caller's cancellation of the batch (a batch cancelled while queued does not run)."""
+        arrival = time.monotonic() if self._queue_policy is not None else 0.0
         early: list[Reply] = []
         valid: list[RequestData] = []
         where: list[int] = []
@@ -201,7 +205,7 @@ class LoadedModel:
             early.extend(Reply(i, [], error, "{}", FINAL, False) for i in where)
             return early
         if not self._eager:
-            return self._run_lazily(early, valid, where, timeout, cancel)
+            return self._run_lazily(early, valid, where, timeout, cancel, arrival)
         with self._lock:
             engine = self._engine
             if engine is None:
@@ -210,6 +214,11 @@ class LoadedModel:
             if cancel is not None and cancel.cancelled:
                 early.extend(_cancelled(where))
                 return early
+            if self._queue_policy is not None:
+                valid, where, rejected = self._queue_policy.reject_expired(valid, where, arrival)
+                early.extend(rejected)
+                if not valid:
+                    return early
             self._busy_thread = threading.get_ident()
             try:
                 ran = engine.run(valid, self._timeout if timeout is None else timeout, cancel)
@@ -231,7 +240,7 @@ class LoadedModel:
 
     def _run_lazily(
         self, early: list[Reply], valid: list[RequestData], where: list[int],
-        timeout: float | None, cancel: Cancellation | None,
+        timeout: float | None, cancel: Cancellation | None, arrival: float,
     ) -> Iterator[Reply]:
         yield from early
         with self._lock:
@@ -242,6 +251,11 @@ class LoadedModel:
             if cancel is not None and cancel.cancelled:
                 yield from _cancelled(where)
                 return
+            if self._queue_policy is not None:
+                valid, where, rejected = self._queue_policy.reject_expired(valid, where, arrival)
+                yield from rejected
+                if not valid:
+                    return
             self._busy_thread = threading.get_ident()
             try:
                 run = engine.run(valid, self._timeout if timeout is None else timeout, cancel)
