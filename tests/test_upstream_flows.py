@@ -674,3 +674,31 @@ def test_bls_request_timeout(tmp_path: Path, isolated: bool) -> None:
             result = caller.infer({"TIMEOUT": np.array([11000000000], np.int64)})
             assert _text(result["ERROR"][0]) == ""
             assert result["OUTPUTS"][0] == 1
+
+
+# -- a decoupled model streaming BLS responses (qa decoupled_test.py::test_decoupled_bls_stream) ----
+def test_decoupled_bls_stream(tmp_path: Path) -> None:
+    """decoupled_bls_stream answers each request from a thread it starts, with the
+    responses of a decoupled BLS request to square_int32 (laid out as decoupled/test.sh
+    does). Isolated only: in-process, a thread the model starts has no BLS (documented)."""
+    import shutil
+
+    from upstream_models import EXAMPLES
+
+    repository(tmp_path, {"decoupled_bls_stream": DECOUPLED_MODELS / "decoupled_bls_stream"})
+    (tmp_path / "square_int32" / "1").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "decoupled" / "square_model.py",
+                tmp_path / "square_int32" / "1" / "model.py")  # fmt: skip
+    shutil.copy(EXAMPLES / "decoupled" / "square_config.pbtxt",
+                tmp_path / "square_int32" / "config.pbtxt")  # fmt: skip
+    in_values = [4, 2, 0, 1]
+    with ModelRepository(tmp_path) as repo:
+        model = repo.load("decoupled_bls_stream", isolated=True, timeout=60)
+        for i, value in enumerate(in_values):
+            responses = list(
+                model.stream({"IN": np.array([value], dtype=np.int32)}, request_id=str(i))
+            )
+            assert len(responses) == value
+            expected = np.array([value], dtype=np.int32)
+            for response in responses:
+                assert np.array_equal(expected, response["OUT"])
