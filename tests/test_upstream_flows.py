@@ -676,7 +676,7 @@ def test_bls_request_timeout(tmp_path: Path, isolated: bool) -> None:
             assert result["OUTPUTS"][0] == 1
 
 
-# -- a decoupled model streaming BLS responses (qa decoupled_test.py::test_decoupled_bls_stream) ----
+# -- a decoupled model streaming BLS responses (qa decoupled_test.py::test_decoupled_bls_stream) ---
 def test_decoupled_bls_stream(tmp_path: Path) -> None:
     """decoupled_bls_stream answers each request from a thread it starts, with the
     responses of a decoupled BLS request to square_int32 (laid out as decoupled/test.sh

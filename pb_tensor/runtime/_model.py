@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
 from pb_tensor.runtime._bls import StubBls
 from pb_tensor.runtime._calls import InferFuture, ResponseStream, start, stream_outputs
-from pb_tensor.runtime._engines import Engine, InProcessEngine, StubEngine
+from pb_tensor.runtime._engines import Engine, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
+from pb_tensor.runtime._inprocess import InProcessEngine
 from pb_tensor.runtime._placement import gpu_refusal
 from pb_tensor.runtime._queue import queue_policy
 from pb_tensor.runtime._seam import (

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
 from pb_tensor.runtime._calls import BlsResponses
-from pb_tensor.runtime._engines import InProcessEngine, StubEngine, StubFailure
+from pb_tensor.runtime._engines import StubEngine, StubFailure
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import (
     HostInfo,
@@ -19,6 +19,7 @@ from pb_tensor.runtime._host import (
     model_class,
     run_auto_complete,
 )
+from pb_tensor.runtime._inprocess import InProcessEngine
 from pb_tensor.runtime._model import LoadedModel
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
 from pb_tensor.runtime._tracker import Cancellation
