@@ -442,7 +442,8 @@ class Batch:
     def waiting(self) -> list[int]:
         """The requests whose sender the model took and did not close: a non-decoupled
         model may send their response after ``execute`` returned."""
-        return [i for i, s in self.senders.items() if not sender_is_closed(s)]
+        # A copy first: a model thread may make a sender meanwhile.
+        return [i for i, s in list(self.senders.items()) if not sender_is_closed(s)]
 
     def make_sender(
         self, index: int, requested_output_names: Collection[str]
