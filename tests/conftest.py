@@ -51,6 +51,7 @@ collect_ignore = [] if _have_protobuf() else [
     "test_runtime_stub.py",
     "test_runtime_user.py",
     "test_upstream_models.py",
+    "test_upstream_flows.py",
     "typing/test_runtime_types.py",
 ]
 

@@ -33,13 +33,17 @@ def repository(
     *,
     config_edit: Mapping[str, Callable[[str], str]] | None = None,
     files: Mapping[str, tuple[Path, Path | None]] | None = None,
+    model_file: Mapping[str, str] | None = None,
 ) -> Path:
     """Lay out ``models`` (model name -> upstream folder holding ``model.py`` and, usually,
     ``config.pbtxt``) as a Triton model repository under ``dest``; returns ``dest``.
 
     Every other file of the folder (a sibling module, as in qa ``multi_file``) goes next to
     ``model.py``, as the copies in upstream's scripts put them. ``config_edit[name]`` rewrites
-    that model's configuration text (what a ``sed`` in ``test.sh`` does).
+    that model's configuration text (what a ``sed`` in ``test.sh`` does). A folder laid out
+    as a repository entry already (``config.pbtxt`` and ``1/model.py``, as L0 tests carry
+    their models) is copied as it is. ``model_file[name]`` names the file of the folder
+    that becomes ``model.py`` (``cp model_async.py models/<name>/1/model.py``).
 
     ``files`` lays out models whose upstream files have other names, as the examples' READMEs
     copy them (``cp examples/bls/sync_model.py models/bls_sync/1/model.py``): model name ->
@@ -51,16 +55,22 @@ def repository(
             ``files``.
     """
     edits = config_edit or {}
-    for name, (model_file, config_file) in (files or {}).items():
+    for name, (py_file, config_file) in (files or {}).items():
         version = dest / name / "1"
         version.mkdir(parents=True, exist_ok=True)
-        shutil.copy(model_file, version / "model.py")
+        shutil.copy(py_file, version / "model.py")
         if config_file is not None:
             text = config_file.read_text()
             if name in edits:
                 text = edits[name](text)
             (dest / name / "config.pbtxt").write_text(text)
+    renames = model_file or {}
     for name, source in models.items():
+        if (source / "1" / "model.py").is_file() and not (source / "model.py").is_file():
+            shutil.copytree(source / "1", dest / name / "1", dirs_exist_ok=True)
+            text = (source / "config.pbtxt").read_text()
+            (dest / name / "config.pbtxt").write_text(edits[name](text) if name in edits else text)
+            continue
         if not (source / "model.py").is_file():
             raise FileNotFoundError(f"no model.py in upstream folder {source}")
         version = dest / name / "1"
@@ -75,4 +85,6 @@ def repository(
                 shutil.copy(entry, version / entry.name)
             elif entry.is_dir() and entry.name != "__pycache__":
                 shutil.copytree(entry, version / entry.name, dirs_exist_ok=True)
+        if name in renames:
+            shutil.copy(source / renames[name], version / "model.py")
     return dest

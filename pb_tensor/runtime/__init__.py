@@ -22,15 +22,20 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pb_tensor.runtime._calls import InferFuture, ResponseStream
     from pb_tensor.runtime._errors import InferenceError, ModelLoadError
     from pb_tensor.runtime._model import LoadedModel
     from pb_tensor.runtime._repository import ModelRepository, example_repository
+    from pb_tensor.runtime._values import Outputs
 
 __all__ = [
+    "InferFuture",
     "InferenceError",
     "LoadedModel",
     "ModelLoadError",
     "ModelRepository",
+    "Outputs",
+    "ResponseStream",
     "example_repository",
 ]
 
@@ -44,6 +49,9 @@ _WHERE = {
     "LoadedModel": "pb_tensor.runtime._model",
     "ModelRepository": "pb_tensor.runtime._repository",
     "example_repository": "pb_tensor.runtime._repository",
+    "InferFuture": "pb_tensor.runtime._calls",
+    "ResponseStream": "pb_tensor.runtime._calls",
+    "Outputs": "pb_tensor.runtime._values",
 }
 
 

@@ -67,13 +67,15 @@ class Channel:
             try:
                 self.conn.send((self._out_seq, self._in_seq, kind, handles, body))
             except (OSError, EOFError, ValueError) as exc:
+                _reraise_foreign(exc)
                 raise ChannelClosed(str(exc)) from None
 
     def poll(self, timeout: float | None) -> bool:
         """Whether a message (or the peer's end of stream) is ready within ``timeout``."""
         try:
             return bool(self.conn.poll(timeout))
-        except (OSError, EOFError, ValueError):
+        except (OSError, EOFError, ValueError) as exc:
+            _reraise_foreign(exc)
             return True
 
     def recv(self) -> Message:
@@ -85,6 +87,7 @@ class Channel:
         try:
             seq, acked, kind, handles, body = self.conn.recv()
         except (OSError, EOFError, ValueError) as exc:
+            _reraise_foreign(exc)
             raise ChannelClosed(str(exc) or "end of stream") from None
         tensors = [Tensor.load_from_shared_memory(self.pool, h) for h in handles]
         with self._send_lock:
@@ -102,3 +105,12 @@ class Channel:
     def close(self) -> None:
         """Close the socket (the peer sees end of stream)."""
         self.conn.close()
+
+
+def _reraise_foreign(exc: BaseException) -> None:
+    """Raise ``exc`` again when it is not the socket's: an ``OSError`` subclass without an
+    errno (a ``TimeoutError`` a signal handler raised while this thread waited) belongs to
+    the caller and must reach it; the peer did not go away. (``multiprocessing`` raises
+    plain ``OSError`` texts, a broken stream's, without one.)"""
+    if isinstance(exc, OSError) and exc.errno is None and type(exc) is not OSError:
+        raise exc

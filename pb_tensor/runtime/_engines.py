@@ -1,4 +1,5 @@
-"""Where a loaded model's instance runs: in this process, or in a stub process.
+"""Where a loaded model's instance runs: in this process (``_inprocess``), or in a stub
+process (:class:`StubEngine`).
 
 Both engines turn a batch of requests into a stream of :class:`Reply` objects, one or more
 per request, the last one of each request carrying the final flag. ``_tracker.Tracker`` holds
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import queue
 import socket
 import subprocess
 import sys
@@ -25,18 +25,13 @@ import pb_tensor
 from pb_tensor import Tensor
 from pb_tensor.runtime._channel import Channel, ChannelClosed
 from pb_tensor.runtime._errors import InferenceError
-from pb_tensor.runtime._host import (
-    HostInfo,
-    ModelHost,
-    RequestData,
-)
-from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
+from pb_tensor.runtime._host import HostInfo, RequestData
+from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._stub_report import emit_record, how_it_ended, wanted_log_level
-from pb_tensor.runtime._tracker import FINAL, Reply, Tracker
-from pb_tensor.runtime._values import as_delivered
+from pb_tensor.runtime._tracker import Cancellation, Reply, Tracker
 from pb_tensor.shm import SharedMemoryPool
 
-__all__ = ["Engine", "InProcessEngine", "StubEngine", "StubFailure"]
+__all__ = ["Engine", "StubEngine", "StubFailure"]
 
 log = logging.getLogger("pb_tensor.runtime")
 
@@ -48,7 +43,9 @@ _ACK_BYTES = 1 << 20
 class Engine(Protocol):
     """What :class:`~pb_tensor.runtime.LoadedModel` runs requests on."""
 
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]: ...
+    def run(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+    ) -> Iterable[Reply]: ...
     def metrics(self) -> dict[str, Any]: ...
     def is_ready(self) -> tuple[bool, str | None]: ...
     def stop(self) -> str | None: ...
@@ -56,127 +53,9 @@ class Engine(Protocol):
     def pid(self) -> int | None: ...
 
 
-def _reply_from(index: int, response: InferenceResponse | None, flags: int) -> Reply:
-    if response is None:
-        return Reply(index, [], None, "{}", flags, False)
-    err = response.error()
-    error = None if err is None else InferenceError(err.message(), int(err.code()))
-    # BYTES as bytes, as a stub's responses arrive (a model may have built them from str).
-    tensors = as_delivered(response.output_tensors())
-    return Reply(index, tensors, error, response.parameters(), flags, True)
-
-
-def _never_cancelled(index: int) -> bool:
-    return False
-
-
-class InProcessEngine:
-    """The model runs in this process, in the calling thread (``isolated=False``).
-
-    A ``timeout`` limits only the wait for responses sent after ``execute`` returned (a
-    decoupled model's background threads): code running in this thread cannot be stopped.
-    """
-
-    def __init__(self, info: HostInfo, cls: type, backend: ModelBackend) -> None:
-        self.host = ModelHost(info, cls, backend)
-        self.host.initialize()
-
-    @property
-    def pid(self) -> int | None:
-        return None
-
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
-        copy = not self.host.info.share_inputs
-        for data in batch:
-            data.inputs = as_delivered(data.inputs, copy=copy)
-        if self.host.info.decoupled:
-            return self._run_decoupled(batch, timeout)
-        # Every response arrives before execute returns: the replies are a list.
-        replies: list[Reply]
-        sent: list[tuple[int, InferenceResponse | None, int]] = []
-        error = self.host.execute(
-            self.host.build_requests(batch, lambda i, r, f: sent.append((i, r, f)),
-                                     _never_cancelled)
-        )  # fmt: skip
-        if error is None and len(sent) == len(batch):
-            # Each request got one final response, in order: the tracker would pass them all.
-            replies = []
-            for i, (index, response, flags) in enumerate(sent):
-                if index != i or flags != FINAL:
-                    break
-                replies.append(_reply_from(index, response, flags))
-            else:
-                return replies
-        tracker = Tracker(len(batch), False, self.host.info.instance_name)
-        replies = []
-        for item in sent:
-            replies.extend(tracker.reply(_reply_from(*item)))
-        replies.extend(tracker.done(error))
-        return replies
-
-    def _run_decoupled(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
-        info = self.host.info
-        tracker = Tracker(len(batch), True, info.instance_name)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        events: queue.SimpleQueue[tuple[int, InferenceResponse | None, int]] = (
-            queue.SimpleQueue()
-        )
-        cancelled: set[int] = set()
-        requests = self.host.build_requests(
-            batch, lambda i, r, f: events.put((i, r, f)), cancelled.__contains__
-        )
-        error = self.host.execute(requests)
-        try:
-            while True:
-                try:
-                    item = events.get_nowait()
-                except queue.Empty:
-                    break
-                yield from tracker.reply(_reply_from(*item))
-            yield from tracker.done(error)
-            while not tracker.finished:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                try:
-                    if remaining is not None and remaining <= 0:
-                        raise queue.Empty
-                    item = events.get(timeout=remaining)
-                except queue.Empty:
-                    cancelled.update(tracker.pending)
-                    yield from tracker.fail(
-                        InferenceError(
-                            f"Failed to process the request(s) for model instance "
-                            f"'{info.instance_name}', message: no final response within "
-                            f"the timeout of {timeout} s",
-                            TritonError.UNAVAILABLE,
-                        )
-                    )
-                    return
-                yield from tracker.reply(_reply_from(*item))
-        finally:
-            if not tracker.finished:
-                # The caller stopped reading early: cancel, and give the model a moment to
-                # send its final flags (their responses are dropped).
-                cancelled.update(tracker.pending)
-                if not tracker.returned:
-                    tracker.done(error)
-                end = time.monotonic() + 10.0
-                while not tracker.finished and time.monotonic() < end:
-                    try:
-                        item = events.get(timeout=max(0.0, end - time.monotonic()))
-                    except queue.Empty:
-                        break
-                    tracker.reply(_reply_from(*item))
-
-    def metrics(self) -> dict[str, Any]:
-        from pb_tensor.runtime._seam import metric_snapshot
-
-        return metric_snapshot()
-
-    def is_ready(self) -> tuple[bool, str | None]:
-        return self.host.is_ready()
-
-    def stop(self) -> str | None:
-        return self.host.finalize()
+class _NoAnswer(TimeoutError):
+    """The stub did not answer in time (a ``TimeoutError`` a signal handler raises in the
+    caller's wait is the caller's, not this)."""
 
 
 class StubFailure(Exception):
@@ -303,7 +182,7 @@ class StubEngine:
                 if kind in kinds:
                     return kind, tensors, body
                 self._handler(self, kind, tensors, body)
-        except (ChannelClosed, TimeoutError) as exc:
+        except (ChannelClosed, _NoAnswer) as exc:
             self.kill()
             raise StubFailure(
                 f"Stub process for model '{self.name}' failed to start: {exc}"
@@ -317,7 +196,7 @@ class StubEngine:
             if deadline is not None:
                 remaining = max(0.0, deadline - time.monotonic())
                 if not channel.poll(remaining):
-                    raise TimeoutError(f"no answer within {remaining} s")
+                    raise _NoAnswer(f"no answer within {remaining} s")
             kind, tensors, body = channel.recv()
             if kind == "log":
                 emit_record(body, self.pid)
@@ -333,7 +212,9 @@ class StubEngine:
         self.channel = None
 
     # -- requests -----------------------------------------------------------------------------
-    def run(self, batch: list[RequestData], timeout: float | None) -> Iterator[Reply]:
+    def run(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+    ) -> Iterator[Reply]:
         info = self.info
         if info is None:
             raise StubFailure("the model was never initialized")
@@ -352,9 +233,12 @@ class StubEngine:
             tensors.extend(r.inputs)
             body.append((len(r.inputs), r.requested_outputs, r.request_id, r.correlation_id,
                          r.flags, r.parameters, r.timeout_us))
+        unsubscribe = None
         try:
             self._sync_log_level(channel)
             channel.send("execute", body, tensors)
+            if cancel is not None:
+                unsubscribe = cancel.subscribe(lambda: _send_cancel(channel, len(batch)))
             received = 0
             while not tracker.finished:
                 kind, out, msg = self._next(deadline)
@@ -369,7 +253,7 @@ class StubEngine:
                 elif kind == "done":
                     for reply in _batched(msg[1], out):
                         yield from tracker.reply(reply)
-                    yield from tracker.done(msg[0])
+                    yield from tracker.done(msg[0], msg[2])
                 else:
                     self._handler(self, kind, out, msg)
             if received >= _ACK_BYTES:
@@ -387,7 +271,7 @@ class StubEngine:
                     TritonError.INTERNAL,
                 )
             )
-        except TimeoutError:
+        except _NoAnswer:
             self.kill()
             yield from tracker.fail(
                 InferenceError(
@@ -398,6 +282,8 @@ class StubEngine:
                 )
             )
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             if not tracker.finished and self.channel is not None:
                 # The caller stopped reading early: cancel and drain, so the channel stays
                 # in step; a stub that does not finish in time is killed.
@@ -418,10 +304,10 @@ class StubEngine:
                 elif kind == "done":
                     for reply in _batched(msg[1], out):
                         tracker.reply(reply)
-                    tracker.done(msg[0])
+                    tracker.done(msg[0], msg[2])
                 else:
                     self._handler(self, kind, out, msg)
-        except (ChannelClosed, TimeoutError):
+        except (ChannelClosed, _NoAnswer):
             self.kill()
 
     def send(self, kind: str, body: Any, tensors: list[Tensor] | None = None) -> None:
@@ -469,10 +355,17 @@ class StubEngine:
                     if kind not in ("response", "done"):
                         self._handler(self, kind, out, msg)
                 proc.wait(_FINALIZE_TIMEOUT)
-            except (ChannelClosed, TimeoutError, subprocess.TimeoutExpired):
+            except (ChannelClosed, _NoAnswer, subprocess.TimeoutExpired):
                 pass
         self.kill()
         return error
+
+
+def _send_cancel(channel: Channel, size: int) -> None:
+    """Tell the stub the caller cancelled the requests of the running batch."""
+    with contextlib.suppress(ChannelClosed):
+        for index in range(size):
+            channel.send("cancel", index)
 
 
 def _batched(replies: list[tuple[Any, ...]], tensors: list[Tensor]) -> Iterator[Reply]:

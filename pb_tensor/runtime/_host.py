@@ -9,6 +9,7 @@ backend) differ.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import importlib.machinery
 import importlib.util
@@ -39,6 +40,7 @@ from pb_tensor.runtime._seam import (
     close_sender,
     created_senders,
     new_request,
+    sender_is_closed,
     set_backend,
 )
 
@@ -59,6 +61,7 @@ log = logging.getLogger("pb_tensor.runtime")
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 
 _module_ids = itertools.count()
+_LOOP_STOP_TIMEOUT = 5.0
 
 
 class UserModelError(Exception):
@@ -252,7 +255,10 @@ class ModelHost:
         config = json.loads(info.config_json)
         self._reshapes = output_reshapes(config)
         self._batched = int(config.get("max_batch_size", 0)) > 0
+        # The event loop of ``async def execute``, running in a thread of its own once made
+        # (upstream's stub does the same): tasks a coroutine starts keep running after it.
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
         self._lock = threading.Lock()
         # (file, line, function) of the model's frame where the last failed execute raised.
         self._raised_at: tuple[str, int, str] | None = None
@@ -310,9 +316,11 @@ class ModelHost:
         return result, None
 
     def finalize(self) -> str | None:
-        """Call ``finalize()`` when defined; the error text if it raised."""
+        """Stop the event loop of ``async def execute`` (as upstream, before ``finalize``),
+        then call ``finalize()`` when defined; the error text if it raised."""
         instance, self._instance = self._instance, None
         self._serving = False
+        self._stop_loop()
         previous = set_backend(self._backend)
         try:
             fin = getattr(instance, "finalize", None)
@@ -324,10 +332,29 @@ class ModelHost:
             return format_exception(exc)
         finally:
             set_backend(previous)
-            if self._loop is not None:
-                self._loop.close()
-                self._loop = None
         return None
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop coroutines of ``execute`` run on (started on first use)."""
+        loop = self._loop
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(
+                target=loop.run_forever, name=f"pb-tensor-loop-{self.info.name}", daemon=True
+            )
+            thread.start()
+            self._loop, self._loop_thread = loop, thread
+        return loop
+
+    def _stop_loop(self) -> None:
+        loop, thread = self._loop, self._loop_thread
+        self._loop = self._loop_thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(_LOOP_STOP_TIMEOUT)
+        if not thread.is_alive():  # a task blocking the loop keeps it: leave it to exit
+            loop.close()
 
     # -- execute ------------------------------------------------------------------------------
     def build_requests(
@@ -386,10 +413,11 @@ class ModelHost:
             _log_execute_error(error, self._raised_at)
             self._raised_at = None
         if error is not None or not self.info.decoupled:
-            # Senders made from now on come closed; close the ones the model took (none
-            # when every response went out directly: later senders count those as sent).
+            # Senders made from now on come closed. After a failure, close the ones the
+            # model took; a non-decoupled model may still send its one response through an
+            # open sender (from another thread), as in Triton.
             batch.done = True
-            if batch.direct != len(requests):
+            if error is not None and batch.direct != len(requests):
                 for sender in created_senders(requests):
                     close_sender(sender)
         return error
@@ -405,9 +433,15 @@ class ModelHost:
             with self._model_code():
                 returned = instance.execute(requests)
                 if type(returned) is not list and asyncio.iscoroutine(returned):
-                    if self._loop is None:
-                        self._loop = asyncio.new_event_loop()
-                    returned = self._loop.run_until_complete(returned)
+                    future = asyncio.run_coroutine_threadsafe(
+                        _await_serving(self._backend, returned), self._event_loop()
+                    )
+                    if self.info.decoupled:
+                        # As upstream: a decoupled model's coroutine runs on in the background
+                        # (its responses come through the senders); its failure is only logged.
+                        future.add_done_callback(_log_background_failure)
+                        return None
+                    returned = future.result()
             return self._process_returned(batch, returned)
         except (Exception, SystemExit) as exc:
             self._raised_at = _model_frame(exc, self.info.model_path)
@@ -478,11 +512,27 @@ def _log_execute_error(error: str, raised_at: tuple[str, int, str] | None) -> No
                               function, extra))  # fmt: skip
 
 
+async def _await_serving(backend: ModelBackend, coroutine: Any) -> Any:
+    """Await ``coroutine`` with ``backend`` serving its BLS calls (the loop's task has a
+    context of its own; tasks it starts inherit the backend)."""
+    set_backend(backend)
+    return await coroutine
+
+
+def _log_background_failure(future: concurrent.futures.Future[Any]) -> None:
+    """Log what a background ``async def execute`` raised, as upstream's stub logs it."""
+    if future.cancelled():
+        return
+    exc = future.exception()
+    if exc is not None:
+        log.error("%s", "".join(traceback.format_exception(exc)))
+
+
 class Batch:
     """The requests of one ``execute`` call and where their responses go; the source of
     their senders (made on first use: non-decoupled models rarely ask for one)."""
 
-    __slots__ = ("_is_cancelled", "decoupled", "direct", "done", "requests", "sink")
+    __slots__ = ("_is_cancelled", "decoupled", "direct", "done", "requests", "senders", "sink")
 
     def __init__(self, sink: Sink, is_cancelled: Callable[[int], bool], decoupled: bool) -> None:
         self.sink = sink
@@ -494,6 +544,13 @@ class Batch:
         self.done = False
         # How many returned responses the runtime delivered without a sender.
         self.direct = 0
+        self.senders: dict[int, InferenceResponseSender] = {}
+
+    def waiting(self) -> list[int]:
+        """The requests whose sender the model took and did not close: a non-decoupled
+        model may send their response after ``execute`` returned."""
+        # A copy first: a model thread may make a sender meanwhile.
+        return [i for i, s in list(self.senders.items()) if not sender_is_closed(s)]
 
     def make_sender(
         self, index: int, requested_output_names: Collection[str]
@@ -507,6 +564,7 @@ class Batch:
         )
         if self.done:
             close_sender(sender)
+        self.senders[index] = sender
         return sender
 
     def is_cancelled(self, index: int) -> bool:

@@ -5,19 +5,30 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
-from pb_tensor.runtime._engines import Engine, InProcessEngine, StubEngine
+from pb_tensor.runtime._bls import StubBls
+from pb_tensor.runtime._calls import InferFuture, ResponseStream, start, stream_outputs
+from pb_tensor.runtime._engines import Engine, StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
+from pb_tensor.runtime._inprocess import InProcessEngine
 from pb_tensor.runtime._placement import gpu_refusal
+from pb_tensor.runtime._queue import queue_policy
 from pb_tensor.runtime._seam import (
     InferenceRequest,
     TritonError,
 )
-from pb_tensor.runtime._tracker import FINAL, Reply
+from pb_tensor.runtime._tracker import (
+    FINAL,
+    Cancellation,
+    Reply,
+    acts_for,
+    cancelled_error,
+)
 from pb_tensor.runtime._validate import ModelSpec, array_tensors, validate_request
 from pb_tensor.runtime._values import InputValue, Outputs, ParameterValue, outputs_of, to_tensor
 
@@ -27,6 +38,11 @@ if TYPE_CHECKING:
     from pb_tensor.runtime._repository import ModelRepository
 
 __all__ = ["LoadedModel"]
+
+
+def _cancelled(where: list[int]) -> list[Reply]:
+    """The replies of requests cancelled before they ran."""
+    return [Reply(i, [], cancelled_error(), "{}", FINAL, False) for i in where]
 
 log = logging.getLogger("pb_tensor.runtime")
 
@@ -67,6 +83,8 @@ class LoadedModel:
         self._eager = False
         self._lock = threading.RLock()
         self._busy_thread: int | None = None
+        self._stub_bls = StubBls(self.bls_data_replies)
+        self._queue_policy = queue_policy(config)
         self._input_dtypes: dict[str, Any] = {}
         for io in spec.inputs:
             if io.dtype != TritonDtype.TYPE_BYTES:
@@ -148,9 +166,13 @@ class LoadedModel:
             params,
         )
 
-    def _replies(self, batch: list[RequestData], timeout: float | None) -> Iterable[Reply]:
+    def _replies(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+    ) -> Iterable[Reply]:
         """Validate, run, and give every reply (errors included) with batch indexes: a list
-        when the engine's run completes them all at once, else a generator."""
+        when the engine's run completes them all at once, else a generator. ``cancel``: the
+        caller's cancellation of the batch (a batch cancelled while queued does not run)."""
+        arrival = time.monotonic() if self._queue_policy is not None else 0.0
         early: list[Reply] = []
         valid: list[RequestData] = []
         where: list[int] = []
@@ -174,7 +196,8 @@ class LoadedModel:
             where.append(i)
         if not valid:
             return early
-        if self._busy_thread == threading.get_ident():
+        busy = self._busy_thread
+        if busy is not None and acts_for(busy):
             error = InferenceError(
                 f"model '{self._name}' has one instance and this thread is already using it "
                 "(a BLS request to itself, or a request made while iterating its stream)",
@@ -183,15 +206,23 @@ class LoadedModel:
             early.extend(Reply(i, [], error, "{}", FINAL, False) for i in where)
             return early
         if not self._eager:
-            return self._run_lazily(early, valid, where, timeout)
+            return self._run_lazily(early, valid, where, timeout, cancel, arrival)
         with self._lock:
             engine = self._engine
             if engine is None:
                 early.extend(self._unloaded(where))
                 return early
+            if cancel is not None and cancel.cancelled:
+                early.extend(_cancelled(where))
+                return early
+            if self._queue_policy is not None:
+                valid, where, rejected = self._queue_policy.reject_expired(valid, where, arrival)
+                early.extend(rejected)
+                if not valid:
+                    return early
             self._busy_thread = threading.get_ident()
             try:
-                ran = engine.run(valid, self._timeout if timeout is None else timeout)
+                ran = engine.run(valid, self._timeout if timeout is None else timeout, cancel)
                 replies = ran if type(ran) is list else list(ran)
             finally:
                 self._busy_thread = None
@@ -210,7 +241,7 @@ class LoadedModel:
 
     def _run_lazily(
         self, early: list[Reply], valid: list[RequestData], where: list[int],
-        timeout: float | None,
+        timeout: float | None, cancel: Cancellation | None, arrival: float,
     ) -> Iterator[Reply]:
         yield from early
         with self._lock:
@@ -218,9 +249,18 @@ class LoadedModel:
             if engine is None:
                 yield from self._unloaded(where)
                 return
+            if cancel is not None and cancel.cancelled:
+                yield from _cancelled(where)
+                return
+            if self._queue_policy is not None:
+                valid, where, rejected = self._queue_policy.reject_expired(valid, where, arrival)
+                yield from rejected
+                if not valid:
+                    return
             self._busy_thread = threading.get_ident()
             try:
-                for reply in engine.run(valid, self._timeout if timeout is None else timeout):
+                run = engine.run(valid, self._timeout if timeout is None else timeout, cancel)
+                for reply in run:
                     reply.index = where[reply.index]
                     yield reply
             finally:
@@ -252,8 +292,13 @@ class LoadedModel:
         __tracebackhide__ = True  # pytest shows the test's line, not the runtime's frames
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
+        return self._first_outputs(data, timeout, None)
+
+    def _first_outputs(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None
+    ) -> Outputs:
         first: Reply | None = None
-        for reply in self._replies([data], timeout):
+        for reply in self._replies([data], timeout, cancel):
             if first is None and (reply.has_response or reply.error is not None):
                 first = reply
         if first is None:
@@ -265,6 +310,37 @@ class LoadedModel:
         if first.error is not None:
             raise first.error
         return outputs_of(first)
+
+    def infer_async(
+        self,
+        inputs: Mapping[str, InputValue],
+        *,
+        requested_outputs: Sequence[str] | None = None,
+        parameters: Mapping[str, ParameterValue] | None = None,
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        request_id: str = "",
+        timeout: float | None = None,
+    ) -> InferFuture:
+        """Run one request in a background thread; a future of its outputs.
+
+        Takes the arguments of :meth:`infer`. Requests wait their turn as with :meth:`infer`
+        (one instance). ``future.cancel()`` cancels the request whether it still waits or
+        already runs: the model sees ``request.is_cancelled()`` turn True, and the future
+        fails with Triton's CANCELLED error. ``asyncio.wrap_future(future)`` awaits it.
+
+        Raises:
+            TypeError, TritonModelException: as :meth:`infer`, for malformed inputs (at once;
+                every other error comes through the future).
+        """
+        data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
+                             request_id)
+        cancellation = Cancellation()
+        future = InferFuture(cancellation)
+
+        start(future, lambda: self._first_outputs(data, timeout, cancellation),
+              f"pb-tensor-infer-{self._name}")  # fmt: skip
+        return future
 
     def infer_many(
         self,
@@ -308,12 +384,14 @@ class LoadedModel:
         flags: int = 0,
         request_id: str = "",
         timeout: float | None = None,
-    ) -> Generator[Outputs, None, None]:
+    ) -> ResponseStream:
         """Run one request and yield the outputs of each response as it arrives (decoupled
         models send any number); the iterator ends at the final flag.
 
         Stopping early cancels the request (``request.is_cancelled()`` turns true in the
-        model) and waits for the model to finish it.
+        model) and waits for the model to finish it. ``cancel()`` on the returned iterator
+        cancels the request from any thread: the iterator then raises Triton's CANCELLED
+        error.
 
         Raises:
             InferenceError: when the model sends an error response, raises, crashes or times
@@ -322,23 +400,28 @@ class LoadedModel:
         __tracebackhide__ = True  # pytest shows the test's line, not the runtime's frames
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
-        return self._stream(data, timeout)
+        cancellation = Cancellation()
+        replies = self._lazy_replies(data, timeout, cancellation)
+        return ResponseStream(stream_outputs(replies, self._decoupled), cancellation)
 
-    def _stream(
-        self, data: RequestData, timeout: float | None
-    ) -> Generator[Outputs, None, None]:
+    def _lazy_replies(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation
+    ) -> Iterator[Reply]:
+        """The replies of ``data``, run on first ``next``: a stream cancelled before it
+        starts never reaches the model."""
         __tracebackhide__ = True
-        for reply in self._replies([data], timeout):
-            if reply.error is not None:
-                raise reply.error
-            if reply.has_response:
-                yield outputs_of(reply)
+        yield from self._replies([data], timeout, cancel)
 
     # -- BLS ----------------------------------------------------------------------------------
     def bls_replies(
-        self, request: InferenceRequest, timeout_us: int | None, decoupled: bool
+        self,
+        request: InferenceRequest,
+        timeout_us: int | None,
+        decoupled: bool,
+        cancel: Cancellation | None = None,
     ) -> Iterator[Reply]:
-        """Run a BLS request made by this model: route it to its target model."""
+        """Run a BLS request made by this model: route it to its target model (``cancel``:
+        the caller's ``ResponseIterator.cancel()``)."""
         data = RequestData(
             list(request.inputs()),
             sorted(request.requested_output_names()),
@@ -349,7 +432,7 @@ class LoadedModel:
             timeout_us or 0,
         )
         return self.bls_data_replies(
-            request.model_name(), request.model_version(), data, timeout_us, decoupled
+            request.model_name(), request.model_version(), data, timeout_us, decoupled, cancel
         )
 
     def bls_data_replies(
@@ -359,6 +442,7 @@ class LoadedModel:
         data: RequestData,
         timeout_us: int | None,
         decoupled: bool,
+        cancel: Cancellation | None = None,
     ) -> Iterator[Reply]:
         """Replies of ``model_name`` to ``data``, with the errors Triton's BLS executor gives
         for an unknown model or a decoupled one called without ``decoupled=True``."""
@@ -380,20 +464,16 @@ class LoadedModel:
             )
             return iter([Reply(0, [], error, "{}", FINAL, False)])
         timeout = None if not timeout_us else timeout_us / 1e6
-        return iter(target._replies([data], timeout))
+        return iter(target._replies([data], timeout, cancel))
 
     def on_stub_message(self, engine: StubEngine, kind: str, tensors: list[Tensor],
                         body: Any) -> None:
         """Serve a stub's request to the runtime (BLS, model control)."""
         if kind == "bls":
-            (call_id, model_name, version, requested, request_id, correlation_id, flags,
-             parameters, timeout_us, decoupled) = body  # fmt: skip
-            data = RequestData(tensors, requested, request_id, correlation_id, flags,
-                               parameters, timeout_us)
-            for r in self.bls_data_replies(model_name, version, data, timeout_us, decoupled):
-                err = None if r.error is None else (r.error.message(), int(r.error.code()))
-                engine.send("bls_reply", (call_id, err, r.parameters, r.flags, r.has_response),
-                            r.tensors)
+            self._stub_bls.serve(engine, tensors, body)
+            return
+        if kind == "bls_cancel":
+            self._stub_bls.cancel(body)
             return
         call_id, payload = body
         try:

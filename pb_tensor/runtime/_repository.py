@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
-from pb_tensor.runtime._engines import InProcessEngine, StubEngine, StubFailure
+from pb_tensor.runtime._calls import BlsResponses
+from pb_tensor.runtime._engines import StubEngine, StubFailure
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import (
     HostInfo,
@@ -19,8 +20,10 @@ from pb_tensor.runtime._host import (
     model_class,
     run_auto_complete,
 )
+from pb_tensor.runtime._inprocess import InProcessEngine
 from pb_tensor.runtime._model import LoadedModel
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
+from pb_tensor.runtime._tracker import Cancellation
 from pb_tensor.runtime._validate import ModelSpec
 from pb_tensor.runtime._values import response_of
 from pb_tensor.shm import SharedMemoryPool
@@ -61,11 +64,12 @@ class _LocalBackend:
     def exec_request(
         self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
     ) -> InferenceResponse | Iterator[InferenceResponse]:
-        replies = self._model.bls_replies(request, timeout_us, decoupled)
+        cancellation = Cancellation()
+        replies = self._model.bls_replies(request, timeout_us, decoupled, cancellation)
         preferred = request.preferred_memory()
         responses = (response_of(r, preferred) for r in replies)
         if decoupled:
-            return responses
+            return BlsResponses(responses, cancellation)
         first: InferenceResponse | None = None
         for response in responses:
             if first is None:

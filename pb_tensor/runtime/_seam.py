@@ -21,6 +21,7 @@ from pb_tensor.utils._context import (
     make_request,
     metric_snapshot,
     new_request,
+    sender_is_closed,
     set_backend,
     set_process_backend,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "make_request",
     "metric_snapshot",
     "new_request",
+    "sender_is_closed",
     "set_backend",
     "set_process_backend",
 ]

@@ -9,6 +9,7 @@ channel or asks it to finalize.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -16,7 +17,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -261,7 +262,8 @@ class _Stub:
         except BaseException:
             self._done(call_id)
             raise
-        return self._bls_responses(call_id, waiter, request.preferred_memory())
+        responses = self._bls_responses(call_id, waiter, request.preferred_memory())
+        return _BlsStream(responses, lambda: self.channel.send("bls_cancel", call_id))
 
     def _bls_responses(
         self, call_id: int, waiter: queue.SimpleQueue[Message | None], preferred: PreferredMemory
@@ -343,7 +345,7 @@ class _Stub:
     def execute(self, tensors: list[Tensor], body: list[tuple[Any, ...]]) -> None:
         host = self.host
         if host is None:
-            self.channel.send("done", ("the model is not initialized", []))
+            self.channel.send("done", ("the model is not initialized", [], []))
             return
         batch = []
         at = 0
@@ -357,17 +359,32 @@ class _Stub:
         decoupled = host.info.decoupled
         # A non-decoupled model's responses all exist when execute returns: they travel with
         # the "done" message (one message per batch instead of one per response).
-        held: list[tuple[int, InferenceResponse | None, int]] = []
-        sink = self.send_response if decoupled else (lambda i, r, f: held.append((i, r, f)))
-        requests = host.build_requests(batch, sink, self.cancelled.__contains__)
+        # A response sent after execute returned (a sender used from another thread) goes
+        # out on its own.
+        held: list[tuple[int, InferenceResponse | None, int]] | None = []
+        hold = threading.Lock()
+
+        def keep(index: int, response: InferenceResponse | None, flags: int) -> None:
+            with hold:
+                if held is not None:
+                    held.append((index, response, flags))
+                    return
+            self.send_response(index, response, flags)
+
+        requests = host.build_requests(
+            batch, self.send_response if decoupled else keep, self.cancelled.__contains__
+        )
         self.execute_started = time.monotonic()
         try:
             error = host.execute(requests)
         finally:
             self.execute_started = 0.0
+        with hold:
+            returned, held = held, None
+        waiting = requests.waiting() if error is None and not decoupled else []
         replies: list[tuple[int, tuple[str, int] | None, str, int, bool, int]] = []
         outputs: list[Tensor] = []
-        for index, response, flags in held:
+        for index, response, flags in returned or ():
             if response is None:
                 replies.append((index, None, "{}", flags, False, 0))
                 continue
@@ -376,10 +393,10 @@ class _Stub:
                             len(tensors_out)))  # fmt: skip
             outputs.extend(tensors_out)
         try:
-            self.channel.send("done", (error, replies), outputs)
+            self.channel.send("done", (error, replies, waiting), outputs)
         except TritonModelException as exc:  # the pool cannot hold the outputs
             self.channel.send("done", (f"Failed to process the request(s) for model "
-                                       f"'{host.info.instance_name}', message: {exc}", []))
+                                       f"'{host.info.instance_name}', message: {exc}", [], []))
 
     def send_response(self, index: int, response: InferenceResponse | None, flags: int) -> None:
         if response is None:
@@ -401,6 +418,29 @@ class _Stub:
             return (refusal, int(TritonError.UNSUPPORTED)), []
         err = response.error()
         return (None if err is None else (err.message(), int(err.code()))), tensors
+
+
+class _BlsStream(Iterator[InferenceResponse]):
+    """A BLS request's responses, with the ``cancel()`` that ``ResponseIterator.cancel()``
+    calls: it asks the runtime to cancel the request in the called model."""
+
+    __slots__ = ("_cancel", "_responses")
+
+    def __init__(
+        self, responses: Iterator[InferenceResponse], cancel: Callable[[], None]
+    ) -> None:
+        self._responses = responses
+        self._cancel = cancel
+
+    def __iter__(self) -> _BlsStream:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        return next(self._responses)
+
+    def cancel(self) -> None:
+        with contextlib.suppress(ChannelClosed):
+            self._cancel()
 
 
 def _response(

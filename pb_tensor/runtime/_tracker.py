@@ -5,13 +5,25 @@ and the model that drives them.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 from pb_tensor import Tensor
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._seam import TritonError
 
-__all__ = ["FINAL", "Reply", "Tracker"]
+__all__ = [
+    "FINAL",
+    "Cancellation",
+    "Reply",
+    "Tracker",
+    "acting_as",
+    "acting_for",
+    "acts_for",
+    "cancelled_error",
+]
 
 FINAL = 1
 
@@ -52,7 +64,10 @@ class Tracker:
             self.pending.discard(r.index)
         return [r] if (r.has_response or r.error is not None or r.flags & FINAL) else []
 
-    def done(self, error: str | None) -> list[Reply]:
+    def done(self, error: str | None, waiting: Collection[int] = ()) -> list[Reply]:
+        """``execute`` returned (``error``: its failure). ``waiting``: the requests of a
+        non-decoupled model whose sender is still open; their response may come later, from
+        another thread, as in Triton."""
         self.returned = True
         if not self.pending:
             return []
@@ -60,16 +75,95 @@ class Tracker:
             return self.fail(InferenceError(error, TritonError.INTERNAL))
         if self.decoupled:
             return []
+        # Triton would wait forever for a request whose sender the model never took: here
+        # it fails at once.
         return self.fail(
             InferenceError(
                 f"Failed to process the request(s) for model '{self.instance_name}', message: "
                 "the model neither returned nor sent a response for the request",
                 TritonError.INTERNAL,
-            )
+            ),
+            keep=waiting,
         )
 
-    def fail(self, error: InferenceError) -> list[Reply]:
-        out = [Reply(i, [], error, "{}", FINAL, False) for i in sorted(self.pending)]
-        self.pending.clear()
+    def fail(self, error: InferenceError, keep: Collection[int] = ()) -> list[Reply]:
+        """End every pending request but those in ``keep`` with ``error``."""
+        ended = sorted(self.pending.difference(keep))
+        self.pending.intersection_update(keep)
         self.returned = True
-        return out
+        return [Reply(i, [], error, "{}", FINAL, False) for i in ended]
+
+
+def cancelled_error() -> InferenceError:
+    """What a Triton client gets for a request it cancelled (tritonclient's text)."""
+    return InferenceError("Locally cancelled by application!", TritonError.CANCELLED)
+
+
+class Cancellation:
+    """The caller's cancellation of a request, set once, from any thread. Whoever runs the
+    request subscribes what cancelling must do (mark it for the model, tell the stub)."""
+
+    __slots__ = ("_callbacks", "_lock", "cancelled")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        self.cancelled = False
+
+    def cancel(self) -> bool:
+        """Cancel; False when it already was. Subscribers run in this thread."""
+        with self._lock:
+            if self.cancelled:
+                return False
+            self.cancelled = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+        return True
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` on cancellation (now, if it already happened); returns what
+        unsubscribes it."""
+        with self._lock:
+            if not self.cancelled:
+                self._callbacks.append(callback)
+                return lambda: self._unsubscribe(callback)
+        callback()
+        return _nothing
+
+    def _unsubscribe(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+
+def _nothing() -> None:
+    return None
+
+
+_acting = threading.local()
+
+
+def acting_for() -> frozenset[int]:
+    """The threads whose request the current thread works on (itself included): a thread
+    the runtime starts to run a request (a decoupled model's ``execute``, a BLS request
+    forwarded for a stub) acts for the thread that made it, so that a model waiting on
+    itself is refused instead of deadlocking."""
+    inherited: frozenset[int] = getattr(_acting, "threads", frozenset())
+    return inherited | {threading.get_ident()}
+
+
+def acts_for(thread: int) -> bool:
+    """Whether the current thread is ``thread`` or works on its request."""
+    return thread == threading.get_ident() or thread in getattr(_acting, "threads", ())
+
+
+@contextlib.contextmanager
+def acting_as(threads: frozenset[int]) -> Iterator[None]:
+    """Within the block, the current thread acts for ``threads`` (see :func:`acting_for`)."""
+    previous: frozenset[int] = getattr(_acting, "threads", frozenset())
+    _acting.threads = previous | threads
+    try:
+        yield
+    finally:
+        _acting.threads = previous

@@ -34,11 +34,20 @@ InputValue = Any
 """An input value: a ``Tensor``, a numpy array, anything with ``__dlpack__`` (torch, JAX),
 or what ``numpy.asarray`` accepts (lists of numbers, of ``str`` or ``bytes`` for BYTES)."""
 
-Outputs = dict[str, npt.NDArray[Any]]
-"""A response's outputs by name: numpy arrays (zero-copy views of the response's memory;
-BYTES outputs are ``object`` arrays of ``bytes``)."""
-
 ParameterValue = bool | int | str
+
+
+class Outputs(dict[str, npt.NDArray[Any]]):
+    """A response's outputs by name: numpy arrays (zero-copy views of the response's memory;
+    BYTES outputs are ``object`` arrays of ``bytes``). ``parameters`` holds the response
+    parameters the model set (``InferenceResponse(..., parameters={...})``): a dict of
+    ``str`` to ``bool``/``int``/``str``, empty when it set none."""
+
+    __slots__ = ("parameters",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.parameters: dict[str, ParameterValue] = {}
 
 
 def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
@@ -131,17 +140,20 @@ def _bf16_tensor(name: str, array: npt.NDArray[Any]) -> Tensor:
 
 
 def outputs_of(reply: Reply) -> Outputs:
-    """The numpy arrays of a reply's tensors, by name; GPU tensors are copied to the host
-    (what a client of Triton receives).
+    """The numpy arrays of a reply's tensors, by name, with the response's parameters; GPU
+    tensors are copied to the host (what a client of Triton receives).
 
     Raises:
         TritonModelException: a GPU tensor and no usable CUDA to copy it, or a BF16 tensor
             without ``ml_dtypes``.
     """
     try:
-        return {t.name(): t.as_numpy() for t in reply.tensors}
+        out = Outputs({t.name(): t.as_numpy() for t in reply.tensors})
     except TritonModelException:
-        return {t.name(): t.to_host().as_numpy() for t in reply.tensors}
+        out = Outputs({t.name(): t.to_host().as_numpy() for t in reply.tensors})
+    if reply.parameters not in ("{}", ""):
+        out.parameters = json.loads(reply.parameters)
+    return out
 
 
 def response_of(reply: Reply, preferred: PreferredMemory | None = None) -> InferenceResponse:

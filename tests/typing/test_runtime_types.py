@@ -7,7 +7,7 @@ lines fail it (warn_unused_ignores) when a call that must be rejected is accepte
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +18,12 @@ from typing_extensions import assert_type
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime import (
     InferenceError,
+    InferFuture,
     LoadedModel,
     ModelLoadError,
     ModelRepository,
+    Outputs,
+    ResponseStream,
     example_repository,
 )
 from pb_tensor.runtime.pytest_plugin import triton_repository
@@ -52,11 +55,16 @@ def test_runtime_types() -> None:
             assert_type(model.pid, int | None)
             out = model.infer({"INPUT0": a, "INPUT1": a}, requested_outputs=["OUTPUT0"],
                               parameters={"k": 1, "s": "v", "b": True}, timeout=1.0)
-            assert_type(out, dict[str, npt.NDArray[Any]])
+            assert_type(out, Outputs)
+            assert isinstance(out, dict)
+            assert_type(out["OUTPUT0"], npt.NDArray[Any])
+            assert_type(out.parameters, dict[str, bool | int | str])
             many = model.infer_many([{"INPUT0": a, "INPUT1": a}])
-            assert_type(many, list[dict[str, npt.NDArray[Any]] | InferenceError])
-            assert_type(model.stream({"INPUT0": a, "INPUT1": a}),
-                        Generator[dict[str, npt.NDArray[Any]], None, None])
+            assert_type(many, list[Outputs | InferenceError])
+            assert_type(model.stream({"INPUT0": a, "INPUT1": a}), ResponseStream)
+            future = model.infer_async({"INPUT0": a, "INPUT1": a})
+            assert_type(future, InferFuture)
+            assert_type(future.result(timeout=60), Outputs)
             assert_type(model.metrics(), dict[str, Any])
             assert_type(model.is_ready(), bool)
             assert_type(model.loaded, bool)

@@ -1,0 +1,208 @@
+"""The in-process engine (``isolated=False``): the model runs in this process, a
+non-decoupled ``execute`` in the calling thread, a decoupled one in a thread of its own while
+the caller reads its responses."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._host import HostInfo, ModelHost, RequestData
+from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
+from pb_tensor.runtime._tracker import (
+    FINAL,
+    Cancellation,
+    Reply,
+    Tracker,
+    acting_as,
+    acting_for,
+)
+from pb_tensor.runtime._values import as_delivered
+
+__all__ = ["InProcessEngine"]
+
+
+def _reply_from(index: int, response: InferenceResponse | None, flags: int) -> Reply:
+    if response is None:
+        return Reply(index, [], None, "{}", flags, False)
+    err = response.error()
+    error = None if err is None else InferenceError(err.message(), int(err.code()))
+    # BYTES as bytes, as a stub's responses arrive (a model may have built them from str).
+    tensors = as_delivered(response.output_tensors())
+    return Reply(index, tensors, error, response.parameters(), flags, True)
+
+
+Event = tuple[int, InferenceResponse | None, int]
+
+
+def _checker(cancel: Cancellation | None, cancelled: set[int]) -> Callable[[int], bool]:
+    """``is_cancelled(index)`` of a run: the caller cancelled, or the runtime gave up on
+    the request (timeout, early stop)."""
+    if cancel is None:
+        return cancelled.__contains__
+    return lambda index: cancel.cancelled or index in cancelled
+
+
+def _timed_out(instance_name: str, timeout: float | None) -> InferenceError:
+    return InferenceError(
+        f"Failed to process the request(s) for model instance '{instance_name}', message: "
+        f"no final response within the timeout of {timeout} s",
+        TritonError.UNAVAILABLE,
+    )
+
+
+class _Returned:
+    """``execute`` returned (``error``: its failure), queued after the responses it sent."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str | None) -> None:
+        self.error = error
+
+
+class InProcessEngine:
+    """The model runs in this process (``isolated=False``): a non-decoupled model in the
+    calling thread, a decoupled model's ``execute`` in a thread of its own.
+
+    A ``timeout`` limits the wait for a decoupled model's responses and for responses sent
+    after ``execute`` returned; a non-decoupled ``execute`` running in the calling thread
+    cannot be stopped.
+    """
+
+    def __init__(self, info: HostInfo, cls: type, backend: ModelBackend) -> None:
+        self.host = ModelHost(info, cls, backend)
+        self.host.initialize()
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    def run(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+    ) -> Iterable[Reply]:
+        copy = not self.host.info.share_inputs
+        for data in batch:
+            data.inputs = as_delivered(data.inputs, copy=copy)
+        if self.host.info.decoupled:
+            return self._run_decoupled(batch, timeout, cancel)
+        # Every response but those sent after execute returned arrives before it returns:
+        # the replies are a list.
+        events: queue.SimpleQueue[Event | _Returned] = queue.SimpleQueue()
+        cancelled: set[int] = set()
+        built = self.host.build_requests(
+            batch, lambda i, r, f: events.put((i, r, f)), _checker(cancel, cancelled)
+        )
+        error = self.host.execute(built)
+        sent = _queued(events)
+        replies: list[Reply]
+        if error is None and len(sent) == len(batch):
+            # Each request got one final response, in order: the tracker would pass them all.
+            replies = []
+            for i, (index, response, flags) in enumerate(sent):
+                if index != i or flags != FINAL:
+                    break
+                replies.append(_reply_from(index, response, flags))
+            else:
+                return replies
+        tracker = Tracker(len(batch), False, self.host.info.instance_name)
+        replies = []
+        for item in sent:
+            replies.extend(tracker.reply(_reply_from(*item)))
+        waiting = built.waiting() if error is None and tracker.pending else ()
+        replies.extend(tracker.done(error, waiting))
+        if not tracker.finished:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            replies.extend(self._wait(tracker, events, deadline, timeout, cancelled))
+        return replies
+
+    def _wait(
+        self,
+        tracker: Tracker,
+        events: queue.SimpleQueue[Event | _Returned],
+        deadline: float | None,
+        timeout: float | None,
+        cancelled: set[int],
+    ) -> Iterator[Reply]:
+        """The replies as ``events`` brings them, until every request's final flag (or the
+        deadline: the rest are cancelled and fail)."""
+        while not tracker.finished:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            try:
+                if remaining is not None and remaining <= 0:
+                    raise queue.Empty
+                item = events.get(timeout=remaining)
+            except queue.Empty:
+                cancelled.update(tracker.pending)
+                yield from tracker.fail(_timed_out(self.host.info.instance_name, timeout))
+                return
+            if isinstance(item, _Returned):
+                yield from tracker.done(item.error)
+            else:
+                yield from tracker.reply(_reply_from(*item))
+
+    def _run_decoupled(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None
+    ) -> Iterator[Reply]:
+        """``execute`` runs in a thread of its own while this one reads the responses as
+        they come, as a Triton client reads a stub's: a cancellation or a BLS caller's
+        ``cancel()`` reaches a model still in ``execute``, and this wait stays
+        interruptible (signals reach the caller) and bounded by ``timeout``."""
+        info = self.host.info
+        tracker = Tracker(len(batch), True, info.instance_name)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        events: queue.SimpleQueue[Event | _Returned] = queue.SimpleQueue()
+        cancelled: set[int] = set()
+        requests = self.host.build_requests(
+            batch, lambda i, r, f: events.put((i, r, f)), _checker(cancel, cancelled)
+        )
+        caller = acting_for()
+
+        def work() -> None:
+            with acting_as(caller):
+                events.put(_Returned(self.host.execute(requests)))
+
+        threading.Thread(target=work, name=f"pb-tensor-execute-{info.name}", daemon=True).start()
+        try:
+            yield from self._wait(tracker, events, deadline, timeout, cancelled)
+        finally:
+            if not tracker.finished:
+                # The caller stopped reading early: cancel, and give the model a moment to
+                # send its final flags (their responses are dropped).
+                cancelled.update(tracker.pending)
+                end = time.monotonic() + 10.0
+                while not tracker.finished and time.monotonic() < end:
+                    try:
+                        item = events.get(timeout=max(0.0, end - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    if isinstance(item, _Returned):
+                        tracker.done(item.error)
+                    else:
+                        tracker.reply(_reply_from(*item))
+
+    def metrics(self) -> dict[str, Any]:
+        from pb_tensor.runtime._seam import metric_snapshot
+
+        return metric_snapshot()
+
+    def is_ready(self) -> tuple[bool, str | None]:
+        return self.host.is_ready()
+
+    def stop(self) -> str | None:
+        return self.host.finalize()
+
+
+def _queued(events: queue.SimpleQueue[Event | _Returned]) -> list[Event]:
+    """The responses in ``events`` now (a non-decoupled run's queue holds nothing else)."""
+    out: list[Event] = []
+    while True:
+        try:
+            item = events.get_nowait()
+        except queue.Empty:
+            return out
+        if not isinstance(item, _Returned):
+            out.append(item)
