@@ -91,6 +91,7 @@ def stream_outputs(replies: Iterator[Reply], decoupled: bool) -> Generator[Outpu
     """The outputs of each response among ``replies`` (one request's); an error reply
     raises. A non-decoupled request has one response: what follows it (an error of a second
     send) is dropped, as Triton's front ends drop it."""
+    __tracebackhide__ = True
     try:
         for reply in replies:
             if reply.error is not None:

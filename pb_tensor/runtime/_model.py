@@ -297,6 +297,7 @@ class LoadedModel:
     def _first_outputs(
         self, data: RequestData, timeout: float | None, cancel: Cancellation | None
     ) -> Outputs:
+        __tracebackhide__ = True
         first: Reply | None = None
         for reply in self._replies([data], timeout, cancel):
             if first is None and (reply.has_response or reply.error is not None):
