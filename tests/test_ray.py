@@ -1,7 +1,7 @@
 """Tensors through a real local Ray: the object store (zero-copy gets), tasks and actors.
 
 One Ray instance serves the whole run (starting Ray takes seconds). Skipped, with the reason,
-where ray is not installed: ``pip install 'pb-tensor[ray]'``.
+where ray is not installed: ``pip install -e ".[ray]"`` in a clone.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def ray() -> Iterator[Any]:
     """The ``ray`` module with a local instance started for this test run."""
     ray = pytest.importorskip(
         "ray",
-        reason="ray is not installed (pip install 'pb-tensor[ray]'; ray publishes wheels for "
-        "some Python versions only)",
+        reason='ray is not installed (pip install -e ".[ray]" in a clone; ray publishes wheels '
+        "for some Python versions only)",
     )
     # Ray's workers inherit the environment of the processes ray.init starts: give them the
     # repository (pb_tensor) and this folder (travel_workers) to import.
