@@ -134,11 +134,29 @@ def _corrupted(name: str, what: str) -> TritonModelException:
     return TritonModelException(f"Shared memory pool '{name}' is corrupted: {what}")
 
 
+# What a read or write of the mapping at an offset taken from a corrupted (or concurrently
+# changing) size or link raises: past the end (struct.error), or past any index (IndexError,
+# OverflowError). The mutating functions turn them into the pool's corruption error; a
+# mutation cut short this way leaves the dirty word set, so the next operation rebuilds the heap.
+OUT_OF_HEAP: Final = (struct.error, IndexError, OverflowError)
+
+
+def _fit(off: int, need: int, mapped: int, name: str, where: str) -> int:
+    """``off`` when a ``need``-byte block there lies inside the heap (0 passes: no fit)."""
+    if off and (off < HEADER_SIZE or off % ALIGN or off + need > mapped - ALIGN):
+        raise _corrupted(
+            name, f"{where} points at offset {off}: no {need}-byte block fits there in "
+            f"{mapped} bytes",
+        )  # fmt: skip
+    return off
+
+
 def find_fit(mm: mmap, need: int, mapped: int, name: str) -> int:
     """Offset of a free block of at least ``need`` bytes, or 0 when none fits.
 
     Raises:
-        TritonModelException: a free-list link points outside the heap or loops.
+        TritonModelException: a free-list link points outside the heap or loops, or the
+            block found does not fit inside the heap.
     """
     bitmap = U64.unpack_from(mm, OFF_BITMAP)[0]
     b = need.bit_length() - 1
@@ -151,16 +169,17 @@ def find_fit(mm: mmap, need: int, mapped: int, name: str) -> int:
         if off < HEADER_SIZE or off > mapped - 2 * ALIGN or off % ALIGN or probes > steps:
             raise _corrupted(name, f"free list {b} points at offset {off}")
         if U64.unpack_from(mm, off + OFF_SIZE)[0] >= need:
-            return int(off)
+            return _fit(int(off), need, mapped, name, f"free list {b}")
         off = U64.unpack_from(mm, off + OFF_NEXT_FREE)[0]
         probes += 1
         if probes == SCAN_LIMIT:
             # ... then the head of the first non-empty larger bin: any of its blocks fits ...
             larger = _larger_bin_head(mm, bitmap, b)
             if larger:
-                return larger
+                return _fit(larger, need, mapped, name, "a larger free list's head")
     if probes < SCAN_LIMIT:
-        return _larger_bin_head(mm, bitmap, b)
+        return _fit(_larger_bin_head(mm, bitmap, b), need, mapped, name,
+                    "a larger free list's head")  # fmt: skip
     return 0  # ... and having scanned the whole exact bin, nothing fits: grow.
 
 
@@ -231,7 +250,8 @@ def allocate_block(
     messages at once), so a process that dies before it leaves a free block behind.
 
     Raises:
-        TritonModelException: the block is not a free block that fits (corrupted free list).
+        TritonModelException: the block is not a free block that fits, or a link read on the
+            way points outside the heap (corrupted free list).
     """
     if off < HEADER_SIZE or off % ALIGN or off > mapped - 2 * ALIGN:
         raise _corrupted(name, f"the free list points at offset {off}")
@@ -244,6 +264,24 @@ def allocate_block(
         or off + size > mapped - ALIGN
     ):
         raise _corrupted(name, f"the free list holds a bad block at offset {off}")
+    for link, value in (("next", nxt), ("previous", prv)):
+        if value and (value < HEADER_SIZE or value % ALIGN or value > mapped - 2 * ALIGN):
+            raise _corrupted(
+                name, f"the free block at offset {off} has its {link}-free link at offset {value}"
+            )
+    try:
+        _take_block(mm, off, need, nbytes, state, refcount, pending, size, prev_size, nxt, prv)
+    except OUT_OF_HEAP as exc:
+        raise _corrupted(
+            name, f"allocating the free block at offset {off}: a free-list link points outside "
+            f"the heap ({exc})",
+        ) from None  # fmt: skip
+
+
+def _take_block(
+    mm: mmap, off: int, need: int, nbytes: int, state: int, refcount: int, pending: int,
+    size: int, prev_size: int, nxt: int, prv: int,
+) -> None:  # fmt: skip
     put, get = _put_u64, _get_u64
     put(mm, OFF_DIRTY, _pid[0])
     # _bin_remove and _bin_insert inline (the same writes in the same order): this runs on
@@ -282,7 +320,22 @@ def allocate_block(
 
 
 def free_block(mm: mmap, off: int, name: str) -> None:
-    """Free the allocated block ``off`` (its ref count reached zero)."""
+    """Free the allocated block ``off`` (its ref count reached zero).
+
+    Raises:
+        TritonModelException: a neighbour's header disagrees with the block's sizes, or a size
+            or free-list link read on the way points outside the heap.
+    """
+    try:
+        _free_block(mm, off, name)
+    except OUT_OF_HEAP as exc:
+        raise _corrupted(
+            name, f"freeing the block at offset {off} (handle {off + BLOCK_HDR}): a block size "
+            f"or free-list link points outside the heap ({exc})",
+        ) from None  # fmt: skip
+
+
+def _free_block(mm: mmap, off: int, name: str) -> None:
     _, _, size, prev_size, _, _, _, _ = BLOCK.unpack_from(mm, off)
     # Refuse, before changing anything, to merge with neighbours whose headers disagree.
     magic, n_state, n_size, prev_of_next, _, n_next, n_prev, _ = BLOCK.unpack_from(
