@@ -10,9 +10,12 @@ Reads and writes of an ``mmap`` are bounds-checked, so none of these can crash t
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import struct
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -133,3 +136,82 @@ def test_release_meets_a_free_link_outside_the_heap() -> None:
         pool.release(_save(pool, 4096))  # the heap is rebuilt first
         stats = pool.stats()
         assert (stats.recoveries, stats.allocations) == (1, 0)
+
+
+def run_flipping(name: str, rounds: str) -> dict[str, object]:
+    """In a child process: ``rounds`` saves, loads and releases while a forked process flips
+    bytes of the pool's header and of block and record headers (each flip undone after a
+    moment, so the pool keeps working in between). Every failure must be the library's."""
+    import random
+    import signal
+    import traceback
+
+    ok = raised = 0
+    others: list[str] = []
+    with SharedMemoryPool.create(1 << 16, name=name) as pool:
+        fd = os.open(os.path.join(shm.SHM_DIR, pool.name), os.O_RDWR)
+        mm = mmap.mmap(fd, pool.size)
+        pid = os.fork()
+        if pid == 0:  # the flipper: stops when killed, or at the latest after a minute
+            try:
+                signal.alarm(60)
+                rng = random.Random(22)
+                while True:
+                    if rng.random() < 0.3:
+                        off = rng.randrange(1024)  # the pool header: counters, free lists
+                    else:  # a block header, or the record header after it
+                        off = rng.randrange(1024, len(mm) - 4 * ALIGN, ALIGN) + rng.randrange(160)
+                    old = mm[off]
+                    mm[off] = rng.randrange(256)
+                    for _ in range(rng.randrange(300)):
+                        pass
+                    mm[off] = old
+            finally:
+                os._exit(0)  # never back into the caller's code (its pool, its finally)
+        try:
+            texts = np.array([b"ab" * (i % 7) for i in range(1500)], dtype=object)
+            numbers = np.arange(500, dtype=np.float32)
+            for i in range(int(rounds)):
+                try:
+                    data = texts if i % 2 else numbers
+                    handle = Tensor("t", data).save_to_shared_memory(pool)
+                    loaded = Tensor.load_from_shared_memory(pool, handle)
+                    loaded.as_numpy()
+                    del loaded
+                    ok += 1
+                except TritonModelException:
+                    raised += 1
+                except Exception as exc:  # what the test looks for
+                    others.append("".join(traceback.format_exception(exc)[-3:]))
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            mm.close()
+            os.close(fd)
+    return {"ok": ok, "raised": raised, "other": others}
+
+
+def test_two_processes_flipping_bytes_while_saving_and_loading() -> None:
+    name = f"pbt-flip-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import test_shm_heap_links as t; "
+        "print(json.dumps(t.run_flipping(*sys.argv[2:])))"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.path.dirname(here), env.get("PYTHONPATH")) if p
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, here, name, "1500"],
+            env=env, capture_output=True, text=True, timeout=240, check=False,
+        )  # fmt: skip
+    finally:
+        leftover = os.path.join(shm.SHM_DIR, name)
+        if os.path.lexists(leftover):  # a crashed child could not unlink
+            os.unlink(leftover)
+    assert done.returncode == 0, f"child failed ({done.returncode}):\n{done.stderr}"
+    outcomes = json.loads(done.stdout.splitlines()[-1])
+    assert outcomes["other"] == [], "\n".join(outcomes["other"])
+    assert outcomes["ok"] > 0, outcomes
