@@ -141,6 +141,11 @@ def _corrupted(name: str, what: str) -> TritonModelException:
 OUT_OF_HEAP: Final = (struct.error, IndexError, OverflowError)
 
 
+def _outside(link: int, mapped: int) -> bool:
+    """Whether a non-zero free-list link cannot be a free block's offset in the heap."""
+    return bool(link) and (link < HEADER_SIZE or link > mapped - 2 * ALIGN or link % ALIGN != 0)
+
+
 def _fit(off: int, need: int, mapped: int, name: str, where: str) -> int:
     """``off`` when a ``need``-byte block there lies inside the heap (0 passes: no fit)."""
     if off and (off < HEADER_SIZE or off % ALIGN or off + need > mapped - ALIGN):
@@ -264,59 +269,56 @@ def allocate_block(
         or off + size > mapped - ALIGN
     ):
         raise _corrupted(name, f"the free list holds a bad block at offset {off}")
-    for link, value in (("next", nxt), ("previous", prv)):
-        if value and (value < HEADER_SIZE or value % ALIGN or value > mapped - 2 * ALIGN):
-            raise _corrupted(
-                name, f"the free block at offset {off} has its {link}-free link at offset {value}"
-            )
+    # Checked before any write: both are written through below.
+    low, high = HEADER_SIZE, mapped - 2 * ALIGN
+    if (nxt and (nxt < low or nxt > high or nxt % ALIGN)) or (
+        prv and (prv < low or prv > high or prv % ALIGN)
+    ):
+        link, value = ("next", nxt) if _outside(nxt, mapped) else ("previous", prv)
+        raise _corrupted(
+            name, f"the free block at offset {off} has its {link}-free link at offset {value}"
+        )
     try:
-        _take_block(mm, off, need, nbytes, state, refcount, pending, size, prev_size, nxt, prv)
-    except OUT_OF_HEAP as exc:
+        put, get = _put_u64, _get_u64
+        put(mm, OFF_DIRTY, _pid[0])
+        # _bin_remove and _bin_insert inline (the same writes in the same order): this runs on
+        # every save, where the calls were a tenth of the time.
+        b = size.bit_length() - 1
+        if prv:
+            put(mm, prv + OFF_NEXT_FREE, nxt)
+        else:
+            put(mm, OFF_BINS + 8 * b, nxt)
+            if not nxt:
+                put(mm, OFF_BITMAP, get(mm, OFF_BITMAP)[0] & ~(1 << b))
+        if nxt:
+            put(mm, nxt + OFF_PREV_FREE, prv)
+        rest = size - need
+        if rest >= MIN_SPLIT:
+            # Split: the tail becomes a free block (its neighbour after it is never free).
+            tail = off + need
+            BLOCK.pack_into(mm, tail, BLOCK_MAGIC, FREE, rest, need, 0, 0, 0, 0)
+            put(mm, tail + rest + OFF_PREV, rest)
+            b = rest.bit_length() - 1
+            slot = OFF_BINS + 8 * b
+            head = get(mm, slot)[0]
+            put(mm, tail + OFF_NEXT_FREE, head)
+            put(mm, tail + OFF_PREV_FREE, 0)
+            if head:
+                put(mm, head + OFF_PREV_FREE, tail)
+            put(mm, slot, tail)
+            put(mm, OFF_BITMAP, get(mm, OFF_BITMAP)[0] | 1 << b)
+            size = need
+        put(mm, OFF_USED, get(mm, OFF_USED)[0] + size)
+        put(mm, OFF_NALLOC, get(mm, OFF_NALLOC)[0] + 1)
+        BLOCK_REF.pack_into(
+            mm, off, BLOCK_MAGIC, state, size, prev_size, nbytes, 0, 0, refcount, pending
+        )
+        put(mm, OFF_DIRTY, 0)
+    except OUT_OF_HEAP as exc:  # a free-list head read on the way (the leftover's bin)
         raise _corrupted(
             name, f"allocating the free block at offset {off}: a free-list link points outside "
             f"the heap ({exc})",
         ) from None  # fmt: skip
-
-
-def _take_block(
-    mm: mmap, off: int, need: int, nbytes: int, state: int, refcount: int, pending: int,
-    size: int, prev_size: int, nxt: int, prv: int,
-) -> None:  # fmt: skip
-    put, get = _put_u64, _get_u64
-    put(mm, OFF_DIRTY, _pid[0])
-    # _bin_remove and _bin_insert inline (the same writes in the same order): this runs on
-    # every save, where the calls were a tenth of the time.
-    b = size.bit_length() - 1
-    if prv:
-        put(mm, prv + OFF_NEXT_FREE, nxt)
-    else:
-        put(mm, OFF_BINS + 8 * b, nxt)
-        if not nxt:
-            put(mm, OFF_BITMAP, get(mm, OFF_BITMAP)[0] & ~(1 << b))
-    if nxt:
-        put(mm, nxt + OFF_PREV_FREE, prv)
-    rest = size - need
-    if rest >= MIN_SPLIT:
-        # Split: the tail becomes a free block (its neighbour after it is never free).
-        tail = off + need
-        BLOCK.pack_into(mm, tail, BLOCK_MAGIC, FREE, rest, need, 0, 0, 0, 0)
-        put(mm, tail + rest + OFF_PREV, rest)
-        b = rest.bit_length() - 1
-        slot = OFF_BINS + 8 * b
-        head = get(mm, slot)[0]
-        put(mm, tail + OFF_NEXT_FREE, head)
-        put(mm, tail + OFF_PREV_FREE, 0)
-        if head:
-            put(mm, head + OFF_PREV_FREE, tail)
-        put(mm, slot, tail)
-        put(mm, OFF_BITMAP, get(mm, OFF_BITMAP)[0] | 1 << b)
-        size = need
-    put(mm, OFF_USED, get(mm, OFF_USED)[0] + size)
-    put(mm, OFF_NALLOC, get(mm, OFF_NALLOC)[0] + 1)
-    BLOCK_REF.pack_into(
-        mm, off, BLOCK_MAGIC, state, size, prev_size, nbytes, 0, 0, refcount, pending
-    )
-    put(mm, OFF_DIRTY, 0)
 
 
 def free_block(mm: mmap, off: int, name: str) -> None:
