@@ -55,6 +55,8 @@ PREFIX: Final = 16  # upstream's alignas(16) AllocatedShmOwnership { uint32 ref_
 # The prefix at the handle: upstream's ref count, then (in upstream's padding) how many of those
 # references are messages: handed out by a save and not yet taken over by a load.
 REF = struct.Struct("=II")
+_pack_ref = REF.pack
+_STATE_SIZE = struct.Struct("=IQ")  # a block header's state and size, adjacent
 BLOCK_REF = struct.Struct("=IIQQQQQII")  # BLOCK and REF in one round trip
 DATA: Final = BLOCK_HDR + PREFIX  # user data = block + 64
 ALIGN: Final = 64
@@ -74,8 +76,31 @@ END: Final = 3  # the sentinel at the end of the heap
 
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
-_put_u64 = U64.pack_into
 _get_u64 = U64.unpack_from
+_pack_u64 = U64.pack
+
+
+def _put_u64(mm: mmap, off: int, value: int) -> None:
+    """Store one u64 into shared memory in a single write.
+
+    ``struct.pack_into`` zeroes its destination before it writes the fields (CPython's
+    ``s_pack_internal`` starts with a ``memset``): a process killed between the two leaves
+    zeros that another process then reads, e.g. a block of size 0 that crash repair cannot walk.
+    A slice assignment is one ``memcpy`` of the packed bytes, so a field holds either its old or
+    its new value. Every store that :func:`walk` or a reference count depends on goes this way;
+    free-list links and counters may tear, as repair rebuilds them from the block sizes.
+    """
+    mm[off : off + 8] = _pack_u64(value)
+
+
+def put_ref(mm: mmap, handle: int, refcount: int, pending: int) -> None:
+    """Store an allocation's reference count and pending-message count in one write.
+
+    (See :func:`_put_u64` for why not ``REF.pack_into``: a killed process would leave the count
+    at zero while the block is still allocated.)
+    """
+    mm[handle : handle + 8] = _pack_ref(refcount, pending)
+
 
 # This process's id for the dirty word, kept here: os.getpid() is a system call, and two of
 # them were a tenth of a small save's time. Updated in a forked child before it runs anything.
@@ -202,14 +227,14 @@ def _coalesce_and_insert(mm: mmap, off: int) -> None:
     if n_state == FREE:
         _bin_remove(mm, n_size, n_next, n_prev)
         size += n_size
-        U64.pack_into(mm, off + OFF_SIZE, size)
+        _put_u64(mm, off + OFF_SIZE, size)
     if prev_size:
         _, p_state, p_size, _, _, p_next, p_prev, _ = BLOCK.unpack_from(mm, off - prev_size)
         if p_state == FREE:
             _bin_remove(mm, p_size, p_next, p_prev)
             size += p_size
             off -= prev_size
-            U64.pack_into(mm, off + OFF_SIZE, size)
+            _put_u64(mm, off + OFF_SIZE, size)
     U64.pack_into(mm, off + size + OFF_PREV, size)
     _bin_insert(mm, off, size)
 
@@ -244,7 +269,7 @@ def allocate_block(
         or off + size > mapped - ALIGN
     ):
         raise _corrupted(name, f"the free list holds a bad block at offset {off}")
-    put, get = _put_u64, _get_u64
+    put, get = U64.pack_into, _get_u64  # links and counters: repair rebuilds them
     put(mm, OFF_DIRTY, _pid[0])
     # _bin_remove and _bin_insert inline (the same writes in the same order): this runs on
     # every save, where the calls were a tenth of the time.
@@ -261,7 +286,7 @@ def allocate_block(
     if rest >= MIN_SPLIT:
         # Split: the tail becomes a free block (its neighbour after it is never free).
         tail = off + need
-        BLOCK.pack_into(mm, tail, BLOCK_MAGIC, FREE, rest, need, 0, 0, 0, 0)
+        mm[tail : tail + BLOCK.size] = BLOCK.pack(BLOCK_MAGIC, FREE, rest, need, 0, 0, 0, 0)
         put(mm, tail + rest + OFF_PREV, rest)
         b = rest.bit_length() - 1
         slot = OFF_BINS + 8 * b
@@ -275,8 +300,8 @@ def allocate_block(
         size = need
     put(mm, OFF_USED, get(mm, OFF_USED)[0] + size)
     put(mm, OFF_NALLOC, get(mm, OFF_NALLOC)[0] + 1)
-    BLOCK_REF.pack_into(
-        mm, off, BLOCK_MAGIC, state, size, prev_size, nbytes, 0, 0, refcount, pending
+    mm[off : off + BLOCK_REF.size] = BLOCK_REF.pack(
+        BLOCK_MAGIC, state, size, prev_size, nbytes, 0, 0, refcount, pending
     )
     put(mm, OFF_DIRTY, 0)
 
@@ -296,10 +321,12 @@ def free_block(mm: mmap, off: int, name: str) -> None:
             p_magic, _, p_size = BLOCK.unpack_from(mm, prv)[:3]
         if (p_magic, p_size) != (BLOCK_MAGIC, prev_size):
             raise _corrupted(name, f"the block before offset {off} does not match its size")
-    put, get = _put_u64, _get_u64
+    put, get = U64.pack_into, _get_u64  # links and counters: repair rebuilds them
     put(mm, OFF_DIRTY, _pid[0])
     # Freed in the first write: from here a repair (walk) sees a free block and rebuilds the rest.
-    BLOCK_REF.pack_into(mm, off, BLOCK_MAGIC, FREE, size, prev_size, 0, 0, 0, 0, 0)
+    mm[off : off + BLOCK_REF.size] = BLOCK_REF.pack(
+        BLOCK_MAGIC, FREE, size, prev_size, 0, 0, 0, 0, 0
+    )
     put(mm, OFF_USED, get(mm, OFF_USED)[0] - size)
     put(mm, OFF_NALLOC, get(mm, OFF_NALLOC)[0] - 1)
     # _coalesce_and_insert inline, with the next block's header read above (the writes so far
@@ -308,14 +335,14 @@ def free_block(mm: mmap, off: int, name: str) -> None:
     if n_state == FREE:
         _bin_remove(mm, n_size, n_next, n_prev)
         size += n_size
-        put(mm, off + OFF_SIZE, size)
+        _put_u64(mm, off + OFF_SIZE, size)
     if prev_size:
         _, p_state, p_size, _, _, p_next, p_prev, _ = BLOCK.unpack_from(mm, off - prev_size)
         if p_state == FREE:
             _bin_remove(mm, p_size, p_next, p_prev)
             size += p_size
             off -= prev_size
-            put(mm, off + OFF_SIZE, size)
+            _put_u64(mm, off + OFF_SIZE, size)
     put(mm, off + size + OFF_PREV, size)
     _bin_insert(mm, off, size)
     put(mm, OFF_DIRTY, 0)
@@ -337,10 +364,11 @@ def extend(mm: mmap, total: int, new_total: int) -> None:
     # sentinel becomes a free block (walk(repair=True) handles a stale sentinel).
     grow_by = new_total - total
     end = total - ALIGN
-    BLOCK.pack_into(mm, new_total - ALIGN, BLOCK_MAGIC, END, ALIGN, grow_by, 0, 0, 0, 1)
-    U64.pack_into(mm, OFF_TOTAL, new_total)
+    sentinel = new_total - ALIGN
+    mm[sentinel : sentinel + BLOCK.size] = BLOCK.pack(BLOCK_MAGIC, END, ALIGN, grow_by, 0, 0, 0, 1)
+    _put_u64(mm, OFF_TOTAL, new_total)
     prev_size = U64.unpack_from(mm, end + OFF_PREV)[0]
-    BLOCK.pack_into(mm, end, BLOCK_MAGIC, FREE, grow_by, prev_size, 0, 0, 0, 0)
+    mm[end : end + BLOCK.size] = BLOCK.pack(BLOCK_MAGIC, FREE, grow_by, prev_size, 0, 0, 0, 0)
     _coalesce_and_insert(mm, end)
     U64.pack_into(mm, OFF_DIRTY, 0)
 
@@ -431,11 +459,11 @@ def _rebuild(
     U64.pack_into(mm, OFF_BITMAP, 0)
     prev = 0
     for off, state, size in blocks:
-        U32.pack_into(mm, off + OFF_STATE, state)
-        U64.pack_into(mm, off + OFF_SIZE, size)
+        # State and size in one store: a repairer that dies here leaves a walkable heap.
+        mm[off + OFF_STATE : off + OFF_SIZE + 8] = _STATE_SIZE.pack(state, size)
         U64.pack_into(mm, off + OFF_PREV, prev)
         if state == FREE:
-            REF.pack_into(mm, off + BLOCK_HDR, 0, 0)
+            mm[off + BLOCK_HDR : off + BLOCK_HDR + REF.size] = REF.pack(0, 0)
             _bin_insert(mm, off, size)
         prev = size
     U64.pack_into(mm, end + OFF_PREV, prev)

@@ -256,7 +256,7 @@ class LockedHeap:
             raise TritonModelException(
                 f"Shared memory handle {handle}: reference count overflow ({refcount})"
             )
-        heap.REF.pack_into(m.mm, handle, refcount + 1, pending)
+        heap.put_ref(m.mm, handle, refcount + 1, pending)
 
     def _take(
         self,
@@ -286,13 +286,13 @@ class LockedHeap:
             new = (refcount + 1, pending)
         alive = weakref.ref(holder)
         try:
-            heap.REF.pack_into(m.mm, handle, *new)
+            heap.put_ref(m.mm, handle, *new)
             self._owners[token] = (handle, alive)
             holder._token = token
         except BaseException:
             if not holder._token and heap.REF.unpack_from(m.mm, handle) == new:
                 self._owners.pop(token, None)
-                heap.REF.pack_into(m.mm, handle, refcount, pending)
+                heap.put_ref(m.mm, handle, refcount, pending)
             raise
 
     def _add_message_locked(self, m: Mapping, handle: int, cell: list[int]) -> None:
@@ -305,11 +305,11 @@ class LockedHeap:
             )
         new = (refcount + 1, pending + 1)
         try:
-            heap.REF.pack_into(m.mm, handle, *new)
+            heap.put_ref(m.mm, handle, *new)
             cell[0] = handle
         except BaseException:
             if cell[0] != handle and heap.REF.unpack_from(m.mm, handle) == new:
-                heap.REF.pack_into(m.mm, handle, refcount, pending)
+                heap.put_ref(m.mm, handle, refcount, pending)
             raise
 
     def _give_back_locked(self, m: Mapping, token: int, restore: bool) -> None:
@@ -326,12 +326,12 @@ class LockedHeap:
             _, _, refcount, pending = self._check_block(m, handle, heap.RECORD)
             new = (refcount, pending + 1)
             try:
-                heap.REF.pack_into(m.mm, handle, *new)
+                heap.put_ref(m.mm, handle, *new)
                 del self._owners[token]
             except BaseException:
                 if token in self._owners:
                     if heap.REF.unpack_from(m.mm, handle) != new:
-                        heap.REF.pack_into(m.mm, handle, *new)
+                        heap.put_ref(m.mm, handle, *new)
                     del self._owners[token]
                 raise
         except TritonModelException:
@@ -356,7 +356,7 @@ class LockedHeap:
         new_pending = pending - 1 if message else min(pending, refcount - 1)
         try:
             if refcount > 1:
-                heap.REF.pack_into(m.mm, handle, refcount - 1, new_pending)
+                heap.put_ref(m.mm, handle, refcount - 1, new_pending)
             else:
                 mm = m.mm
                 if _u64(mm, _OFF_DIRTY)[0] or _u64(mm, _OFF_BROKEN)[0]:  # check_heap's test
@@ -377,7 +377,7 @@ class LockedHeap:
         heap.check_heap(m.mm, m.size, self._name)  # repairs a free cut short
         if refcount > 1:
             if heap.REF.unpack_from(m.mm, handle) != (refcount - 1, new_pending):
-                heap.REF.pack_into(m.mm, handle, refcount - 1, new_pending)
+                heap.put_ref(m.mm, handle, refcount - 1, new_pending)
         elif heap.U32.unpack_from(m.mm, off + heap.OFF_STATE)[0] != heap.FREE:
             heap.free_block(m.mm, off, self._name)
         if token:
