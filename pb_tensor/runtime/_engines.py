@@ -183,6 +183,13 @@ class StubEngine:
                     return kind, tensors, body
                 self._handler(self, kind, tensors, body)
         except (ChannelClosed, _NoAnswer) as exc:
+            if self.info is not None and isinstance(exc, ChannelClosed):
+                # The stub died in initialize (Triton's launcher: the stub is not healthy).
+                ended = how_it_ended(self.proc)
+                self.kill()
+                raise StubFailure(
+                    f"Stub process '{self.info.instance_name}' is not healthy.{ended}"
+                ) from None
             self.kill()
             raise StubFailure(
                 f"Stub process for model '{self.name}' failed to start: {exc}"

@@ -1,0 +1,289 @@
+"""More of the server's ``qa`` models (byte-for-byte under ``tests/upstream``), run in both
+modes with the inputs and assertions of the upstream test that drives each:
+
+* ``qa/L0_backend_python/lifecycle`` (``lifecycle_test.py``, ``test.sh``):
+  ``execute_grpc_error``, ``decoupled_grpc_error`` (the runtime's side of the gRPC stream
+  tests: which responses and errors the model produces) and ``execute_return_error``;
+* ``qa/L0_backend_python/test.sh``: ``model_env`` (``MY_ENV`` reaches the model) and
+  ``init_exit`` (the stub killed in ``initialize``; isolated mode only, in-process mode
+  would kill the test's own process);
+* ``qa/L0_backend_python/bls/test.sh``: ``bls_finalize_error`` (BLS in ``finalize`` is
+  refused and logged);
+* ``qa/L0_backend_python/decoupled`` (``decoupled_test.py``, its ``models``):
+  ``decoupled_execute_error``, ``decoupled_raise_exception``,
+  ``decoupled_return_response_error``, ``decoupled_send_after_close_error``;
+* ``qa/L0_backend_python/io`` (``io_test.py``' ``test_requested_output_decoupled_prior_crash``,
+  its ``requested_output_model`` laid out as ``llm``);
+* ``qa/L0_string_io`` (``string_client_test.py``, ``test.sh``' ``sed`` of the dims):
+  ``string_identity``, as the gRPC client and HTTP's binary clients send it;
+* ``qa/L0_backend_python/request_rescheduling`` (``test.sh``; the assertion is
+  ``bls_request_rescheduling``'s ``test_wrong_return_type``): ``wrong_return_type``.
+
+Where upstream's client sees a gRPC status, these tests see the ``InferenceError`` code of the
+same name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, repository
+
+from pb_tensor.runtime import InferenceError, LoadedModel, ModelLoadError, ModelRepository
+from pb_tensor.utils import TritonError
+
+DECOUPLED_MODELS = QA_BACKEND_PYTHON / "decoupled" / "models"
+Loader = Callable[[str], LoadedModel]
+
+
+def _string_dims(text: str) -> str:
+    """L0_string_io/test.sh: ``sed -i "s/\\[ 1 \\]/\\[ 8 \\]/" config.pbtxt``"""
+    return text.replace("[ 1 ]", "[ 8 ]")
+
+
+@pytest.fixture(scope="module")
+def qa_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return repository(
+        tmp_path_factory.mktemp("qa"),
+        {
+            **{name: PYTHON_MODELS / name for name in (
+                "execute_grpc_error", "decoupled_grpc_error", "execute_return_error",
+                "model_env", "init_exit", "bls_finalize_error", "string_identity",
+                "wrong_return_type",
+            )},
+            **{name: DECOUPLED_MODELS / name for name in (
+                "decoupled_execute_error", "decoupled_raise_exception",
+                "decoupled_return_response_error", "decoupled_send_after_close_error",
+            )},
+            "llm": QA_BACKEND_PYTHON / "io" / "requested_output_model",
+        },
+        config_edit={"string_identity": _string_dims},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["in_process", "isolated"])
+def load(request: pytest.FixtureRequest, qa_repo: Path) -> Iterator[Loader]:
+    """``load(name)``: the model in this module's mode, loaded once per mode."""
+    isolated: bool = request.param
+    cache: dict[str, LoadedModel] = {}
+    with ModelRepository(qa_repo) as repo:
+
+        def get(name: str) -> LoadedModel:
+            if name not in cache:
+                cache[name] = repo.load(name, isolated=isolated, timeout=60)
+            return cache[name]
+
+        yield get
+
+
+def _fp32(*shape: int) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+
+
+# -- qa/L0_backend_python/lifecycle ---------------------------------------------------------------
+
+
+def test_execute_grpc_error(load: Loader) -> None:
+    # lifecycle_test.py test_triton_grpc_error_error_on / _error_off: every odd request
+    # passes, every even one fails with StatusCode.INTERNAL (the model's own error).
+    model = load("execute_grpc_error")
+    for i in range(4):
+        input_data = _fp32(2, 2)
+        if i % 2 == 0:
+            assert np.array_equal(model.infer({"IN": input_data})["OUT"], input_data)
+            continue
+        with pytest.raises(InferenceError) as e:
+            model.infer({"IN": input_data})
+        assert e.value.code() is TritonError.INTERNAL
+        assert e.value.message() == "An error occurred during execution"
+
+
+_NO_FINAL = (
+    "an error response without the final flag: Triton's stub deletes the response factory "
+    "when the sender is dropped and the stream stays healthy; the runtime waits for the "
+    "final flag (10 s) and then restarts the stub"
+)
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [pytest.param("MODE_ERROR_ONLY", marks=pytest.mark.skip(reason=_NO_FINAL)),
+     "MODE_ERROR_FINAL", "MODE_ERROR_WITH_DELAYED_FINAL"],
+)  # fmt: skip
+def test_decoupled_grpc_error(load: Loader, mode: str) -> None:
+    # lifecycle_test.py test_triton_grpc_error_decoupled_delayed_final: the first response
+    # is the input, the second an INTERNAL error, then nothing more.
+    input_data = _fp32(2)
+    stream = load("decoupled_grpc_error").stream(
+        {"IN": input_data, "MODE": np.array([bytes(mode, "utf-8")], dtype=object)}
+    )
+    assert np.array_equal(next(stream)["OUT"], input_data)
+    with pytest.raises(InferenceError) as e:
+        next(stream)
+    assert e.value.code() is TritonError.INTERNAL
+    assert e.value.message() == "An error occurred during execution"
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_execute_return_error(load: Loader) -> None:
+    # lifecycle/test.sh loads execute_return_error; its execute returns None, then
+    # [None] * len(requests), without sending anything. Triton leaves such a request
+    # without a response (the client waits until its own timeout); the runtime fails it
+    # at once (stricter here).
+    model = load("execute_return_error")
+    for _ in range(2):
+        with pytest.raises(InferenceError) as e:
+            model.infer({"INPUT": _fp32(1, 4)})
+        assert e.value.code() is TritonError.INTERNAL
+        assert e.value.message() == (
+            "Failed to process the request(s) for model 'execute_return_error_0_0', "
+            "message: the model neither returned nor sent a response for the request"
+        )
+
+
+# -- qa/L0_backend_python/test.sh and bls/test.sh -------------------------------------------------
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_model_env(qa_repo: Path, isolated: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # test.sh: export MY_ENV="MY_ENV"; the server starts (initialize raises otherwise).
+    with ModelRepository(qa_repo) as repo:
+        monkeypatch.delenv("MY_ENV", raising=False)
+        with pytest.raises(ModelLoadError) as e:
+            repo.load("model_env", isolated=isolated, timeout=60)
+        assert "MY_ENV doesn't exists or contains incorrect value" in str(e.value)
+        monkeypatch.setenv("MY_ENV", "MY_ENV")
+        assert repo.load("model_env", isolated=isolated, timeout=60).loaded
+
+
+def test_init_exit(qa_repo: Path) -> None:
+    # test.sh: the stub is SIGKILLed in initialize; the server does not start and logs
+    # "Stub process 'init_exit_0_0' is not healthy.". Isolated mode only: in-process, the
+    # model's os.kill(os.getpid(), SIGKILL) is this process.
+    with ModelRepository(qa_repo) as repo, pytest.raises(ModelLoadError) as e:
+        repo.load("init_exit", isolated=True, timeout=60)
+    assert "Stub process 'init_exit_0_0' is not healthy." in str(e.value)
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_bls_finalize_error(
+    qa_repo: Path, isolated: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # bls/test.sh: the server starts with bls_finalize_error alone; once it is stopped, its
+    # log holds "BLS is only supported during the 'execute' function." (finalize's BLS).
+    with ModelRepository(qa_repo) as repo:
+        model = repo.load("bls_finalize_error", isolated=isolated, timeout=60)
+        with caplog.at_level("ERROR", logger="pb_tensor.runtime"):
+            model.unload()
+    assert any("BLS is only supported during the 'execute' function." in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+
+
+# -- qa/L0_backend_python/decoupled (decoupled_test.py) -------------------------------------------
+
+
+def test_decoupled_execute_error(load: Loader) -> None:
+    # Two requests in one batch (the config's dynamic batcher gathers them): the first
+    # gets the model's error response, the second its input back.
+    input_datas = [_fp32(2, 2), _fp32(2, 2) + 1]
+    results = load("decoupled_execute_error").infer_many([{"IN": x} for x in input_datas])
+    assert isinstance(results[0], InferenceError)
+    assert not isinstance(results[1], InferenceError)
+    assert np.array_equal(results[1]["OUT"], input_datas[1])
+
+
+def test_decoupled_raise_exception(load: Loader) -> None:
+    # Ten requests, each answered with the model's exception; the model stays ready.
+    model = load("decoupled_raise_exception")
+    for _ in range(10):
+        with pytest.raises(InferenceError) as e:
+            list(model.stream({"IN": _fp32(2, 2)}))
+        assert "Intentional Error" in e.value.message()
+    assert model.is_ready()
+
+
+def _input01() -> dict[str, np.ndarray[Any, Any]]:
+    rng = np.random.default_rng(0)
+    return {"INPUT0": rng.random(16).astype(np.float32),
+            "INPUT1": rng.random(16).astype(np.float32)}  # fmt: skip
+
+
+def test_decoupled_return_response_error(load: Loader) -> None:
+    with pytest.raises(InferenceError) as e:
+        list(load("decoupled_return_response_error").stream(_input01()))
+    assert (
+        "Python model 'decoupled_return_response_error_0_0' is using "
+        "the decoupled mode and the execute function must return "
+        "None."
+    ) in e.value.message()
+
+
+def test_decoupled_send_after_close_error(load: Loader) -> None:
+    # The model closes its sender, then sends: the error cannot reach the client, which
+    # gets no response at all.
+    assert list(load("decoupled_send_after_close_error").stream(_input01())) == []
+
+
+# -- qa/L0_backend_python/io (io_test.py) ---------------------------------------------------------
+
+
+def test_requested_output_decoupled_prior_crash(load: Loader) -> None:
+    text_input_data = np.array([["test"]]).astype(object)
+    outputs = ""
+    for result in load("llm").stream(
+        {"text_input": text_input_data}, requested_outputs=["text_output"]
+    ):
+        outputs += str(result["text_output"][0], encoding="utf-8")
+    assert len(outputs) > 0, "text_output is empty"
+
+
+# -- qa/L0_string_io (string_client_test.py) ------------------------------------------------------
+
+_UNICODE_BYTES = [
+    b"\nF\n'\n\x01a\x12\"\x1a \n\x1e\xfa\x03\x94\x01\x0f\xd7\x02\xf1\x05\xdf\x01\x82\x03\xb5\x05\xc1\x07\xba\x06\xff\x06\xc7\x07L\xf5\x03\xe2\x07\xa9\x03\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x89\xcc=\n\r\n\x01c\x12\x08\x12\x06\n\x04\xdf\\\xcb\xbf",
+    b"\n:\n\x1a\n\x01a\x12\x15\x1a\x13\n\x11*\xe3\x05\xc5\x06\xda\x07\xcb\x06~\xb1\x05\xb3\x01\xa9\x02\x15\n\r\n\x01b\x12\x08\x1a\x06\n\x04\xf6\xa2\xc5\x01\n\r\n\x01c\x12\x08\x12\x06\n\x04\xbb[\n\xbf",
+    b"\nL\n-\n\x01a\x12(\x1a&\n$\x87\x07\xce\x01\xe7\x06\xee\x04\xe1\x03\xf1\x03\xd7\x07\xbe\x02\xb8\x05\xe0\x05\xe4\x01\x88\x06\xb6\x03\xb9\x05\x83\x06\xf8\x04\xe2\x04\xf4\x06\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x89\xcc=\n\r\n\x01c\x12\x08\x12\x06\n\x04\xbc\x99+@",
+    b"\n2\n\x12\n\x01a\x12\r\x1a\x0b\n\t\x99\x02\xde\x04\x9f\x04\xc5\x053\n\r\n\x01b\x12\x08\x1a\x06\n\x04\xf6\xa2\xc5\x01\n\r\n\x01c\x12\x08\x12\x06\n\x04\x12\x07\x83\xbe",
+    b"\nJ\n\r\n\x01b\x12\x08\x1a\x06\n\x04\x9b\x94\xad\x04\n\r\n\x01c\x12\x08\x12\x06\n\x04\xc3\x8a\x08\xbf\n*\n\x01a\x12%\x1a#\n!\x9c\x02\xb2\x02\xcd\x02\x9d\x07\x8d\x01\xb6\x05a\xf1\x01\xf0\x05\xdb\x02\xac\x04\xbd\x05\xe0\x04\xd2\x06\xaf\x02\xa8\x01\x8b\x04",
+    b"\n3\n\x13\n\x01a\x12\x0e\x1a\x0c\n\n<\xe2\x05\x8a\x01\xb3\x07?\xfd\x01\n\r\n\x01b\x12\x08\x1a\x06\n\x04\xf6\xa2\xc5\x01\n\r\n\x01c\x12\x08\x12\x06\n\x04\x1b\x931\xbf\x00\x00",
+    b"\n&\n\x07\n\x01a\x12\x02\x1a\x00\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x89\xcc=\n\r\n\x01c\x12\x08\x12\x06\n\x04{\xbc\x0e>\x00\x00\x00",
+    b"\nF\n'\n\x01a\x12\"\x1a \n\x1e\x97\x01\x93\x02\x9e\x01\xac\x06\xff\x01\xd8\x05\xe1\x07\xd8\x04g]\x9a\x05\xff\x06\xde\x07\x8f\x04\x97\x04\xda\x03\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x9a\xb7I\n\r\n\x01c\x12\x08\x12\x06\n\x04\xfb\x87\x83\xbf",
+]
+
+
+def test_string_identity(load: Loader) -> None:
+    # _test_bytes("string_identity") for the clients that send binary data (gRPC, HTTP
+    # binary); HTTP's JSON clients refusing non-UTF-8 data is the front end's concern.
+    model = load("string_identity")
+
+    def infer(input_: np.ndarray[Any, Any]) -> Any:
+        return model.infer({"INPUT0": input_}, requested_outputs=["OUTPUT0"])["OUTPUT0"]
+
+    for dtype in (np.object_, np.object_, np.bytes_):  # _test_str_dtype: default, dtypes
+        in0_bytes = np.array([str(i) for i in range(10000, 10008)], dtype=dtype)
+        assert np.array_equal(in0_bytes.astype(np.bytes_), infer(in0_bytes))
+        in0_bytes = np.array([i for i in range(10000, 10008)], dtype=dtype)
+        assert np.array_equal(in0_bytes.astype(np.bytes_), infer(in0_bytes))
+    for dtype in ("|S78", np.object_, np.bytes_):  # _test_unicode_bytes_dtype
+        in0 = np.array([[b] for b in _UNICODE_BYTES], dtype=dtype).flatten()
+        assert np.array_equal(in0, infer(in0))
+
+
+# -- qa/L0_backend_python/request_rescheduling --------------------------------------------------
+
+
+def test_wrong_return_type(load: Loader) -> None:
+    # bls_request_rescheduling's test_wrong_return_type: a response returned for a request
+    # the model marked for rescheduling is an error.
+    input0 = np.random.default_rng(0).standard_normal(4).astype(np.float32)
+    with pytest.raises(InferenceError) as e:
+        load("wrong_return_type").infer({"INPUT0": input0}, requested_outputs=["OUTPUT0"])
+    assert (
+        "Expected a None object in the execute function return list for reschduled request"
+    ) in e.value.message()
+
