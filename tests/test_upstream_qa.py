@@ -4,9 +4,11 @@ modes with the inputs and assertions of the upstream test that drives each:
 * ``qa/L0_backend_python/lifecycle`` (``lifecycle_test.py``, ``test.sh``):
   ``execute_grpc_error``, ``decoupled_grpc_error`` (the runtime's side of the gRPC stream
   tests: which responses and errors the model produces) and ``execute_return_error``;
-* ``qa/L0_backend_python/test.sh``: ``model_env`` (``MY_ENV`` reaches the model) and
-  ``init_exit`` (the stub killed in ``initialize``; isolated mode only, in-process mode
-  would kill the test's own process);
+* ``qa/L0_backend_python/test.sh`` and ``python_test.py``: ``model_env`` (``MY_ENV``
+  reaches the model), ``init_exit`` (the stub killed in ``initialize``; isolated mode only,
+  in-process mode would kill the test's own process), ``pytorch_fp32_fp32``
+  (``test_infer_pytorch``) and ``identity_fp32`` laid out as ``default_model_name``
+  (``default_model_filename: "mymodel.py"``);
 * ``qa/L0_backend_python/bls/test.sh``: ``bls_finalize_error`` (BLS in ``finalize`` is
   refused and logged);
 * ``qa/L0_backend_python/decoupled`` (``decoupled_test.py``, its ``models``):
@@ -45,9 +47,22 @@ def _string_dims(text: str) -> str:
     return text.replace("[ 1 ]", "[ 8 ]")
 
 
+def _sed_name(name: str) -> Callable[[str], str]:
+    """test.sh's ``sed -i "s/^name:.*/name: \"<name>\"/" config.pbtxt``"""
+    return lambda text: "\n".join(
+        f'name: "{name}"' if line.startswith("name:") else line for line in text.splitlines()
+    ) + "\n"
+
+
+def _default_model_name(text: str) -> str:
+    """L0_backend_python/test.sh's ``default_model_name``: identity_fp32 renamed, with
+    ``echo "default_model_filename: \"mymodel.py\"" >> config.pbtxt``."""
+    return _sed_name("default_model_name")(text) + 'default_model_filename: "mymodel.py"\n'
+
+
 @pytest.fixture(scope="module")
 def qa_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return repository(
+    dest = repository(
         tmp_path_factory.mktemp("qa"),
         {
             **{name: PYTHON_MODELS / name for name in (
@@ -60,9 +75,19 @@ def qa_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 "decoupled_return_response_error", "decoupled_send_after_close_error",
             )},
             "llm": QA_BACKEND_PYTHON / "io" / "requested_output_model",
+            "pytorch_fp32_fp32": PYTHON_MODELS / "pytorch_fp32_fp32",
+            "default_model_name": PYTHON_MODELS / "identity_fp32",
         },
-        config_edit={"string_identity": _string_dims},
+        config_edit={
+            "string_identity": _string_dims,
+            "pytorch_fp32_fp32": _sed_name("pytorch_fp32_fp32"),
+            "default_model_name": _default_model_name,
+        },
     )  # fmt: skip
+    # L0_backend_python/test.sh: mv ./models/default_model_name/1/model.py .../mymodel.py
+    version = dest / "default_model_name" / "1"
+    (version / "model.py").rename(version / "mymodel.py")
+    return dest
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["in_process", "isolated"])
@@ -184,6 +209,31 @@ def test_bls_finalize_error(
                for r in caplog.records)  # fmt: skip
 
 
+# The model's Dropout2d warns on its 2-D input; in-process models share this process's
+# warning filters, which this suite turns into errors.
+@pytest.mark.filterwarnings("ignore:dropout2d:UserWarning")
+def test_infer_pytorch(load: Loader) -> None:
+    # python_test.py test_infer_pytorch: a seeded MNIST network on a zero tensor.
+    pytest.importorskip("torch")
+    input_data = np.zeros([1, 1, 28, 28], dtype=np.float32)
+    output_data = load("pytorch_fp32_fp32").infer({"IN": input_data})["OUT"]
+    assert output_data is not None, "error: expected 'OUT'"
+    # expected inference response from a zero tensor
+    expected_result = [
+        -2.2377274, -2.3976364, -2.2464046, -2.2790744, -2.3828976,
+        -2.2940576, -2.2928185, -2.340665, -2.275219, -2.292135,
+    ]  # fmt: skip
+    assert np.allclose(output_data[0], expected_result), "Inference result is not correct"
+
+
+def test_default_model_filename(load: Loader) -> None:
+    # test.sh starts the server with default_model_name (its model file is mymodel.py);
+    # python_test.py's _infer_help on it.
+    input_data_0 = np.random.default_rng(0).standard_normal((1, 16)).astype(np.float32)
+    output0 = load("default_model_name").infer({"INPUT0": input_data_0})["OUTPUT0"]
+    assert np.all(input_data_0 == output0)
+
+
 # -- qa/L0_backend_python/decoupled (decoupled_test.py) -------------------------------------------
 
 
@@ -245,14 +295,14 @@ def test_requested_output_decoupled_prior_crash(load: Loader) -> None:
 # -- qa/L0_string_io (string_client_test.py) ------------------------------------------------------
 
 _UNICODE_BYTES = [
-    b"\nF\n'\n\x01a\x12\"\x1a \n\x1e\xfa\x03\x94\x01\x0f\xd7\x02\xf1\x05\xdf\x01\x82\x03\xb5\x05\xc1\x07\xba\x06\xff\x06\xc7\x07L\xf5\x03\xe2\x07\xa9\x03\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x89\xcc=\n\r\n\x01c\x12\x08\x12\x06\n\x04\xdf\\\xcb\xbf",
+    b"\nF\n'\n\x01a\x12\"\x1a \n\x1e\xfa\x03\x94\x01\x0f\xd7\x02\xf1\x05\xdf\x01\x82\x03\xb5\x05\xc1\x07\xba\x06\xff\x06\xc7\x07L\xf5\x03\xe2\x07\xa9\x03\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x89\xcc=\n\r\n\x01c\x12\x08\x12\x06\n\x04\xdf\\\xcb\xbf",  # noqa: E501
     b"\n:\n\x1a\n\x01a\x12\x15\x1a\x13\n\x11*\xe3\x05\xc5\x06\xda\x07\xcb\x06~\xb1\x05\xb3\x01\xa9\x02\x15\n\r\n\x01b\x12\x08\x1a\x06\n\x04\xf6\xa2\xc5\x01\n\r\n\x01c\x12\x08\x12\x06\n\x04\xbb[\n\xbf",
     b"\nL\n-\n\x01a\x12(\x1a&\n$\x87\x07\xce\x01\xe7\x06\xee\x04\xe1\x03\xf1\x03\xd7\x07\xbe\x02\xb8\x05\xe0\x05\xe4\x01\x88\x06\xb6\x03\xb9\x05\x83\x06\xf8\x04\xe2\x04\xf4\x06\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x89\xcc=\n\r\n\x01c\x12\x08\x12\x06\n\x04\xbc\x99+@",
     b"\n2\n\x12\n\x01a\x12\r\x1a\x0b\n\t\x99\x02\xde\x04\x9f\x04\xc5\x053\n\r\n\x01b\x12\x08\x1a\x06\n\x04\xf6\xa2\xc5\x01\n\r\n\x01c\x12\x08\x12\x06\n\x04\x12\x07\x83\xbe",
     b"\nJ\n\r\n\x01b\x12\x08\x1a\x06\n\x04\x9b\x94\xad\x04\n\r\n\x01c\x12\x08\x12\x06\n\x04\xc3\x8a\x08\xbf\n*\n\x01a\x12%\x1a#\n!\x9c\x02\xb2\x02\xcd\x02\x9d\x07\x8d\x01\xb6\x05a\xf1\x01\xf0\x05\xdb\x02\xac\x04\xbd\x05\xe0\x04\xd2\x06\xaf\x02\xa8\x01\x8b\x04",
     b"\n3\n\x13\n\x01a\x12\x0e\x1a\x0c\n\n<\xe2\x05\x8a\x01\xb3\x07?\xfd\x01\n\r\n\x01b\x12\x08\x1a\x06\n\x04\xf6\xa2\xc5\x01\n\r\n\x01c\x12\x08\x12\x06\n\x04\x1b\x931\xbf\x00\x00",
     b"\n&\n\x07\n\x01a\x12\x02\x1a\x00\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x89\xcc=\n\r\n\x01c\x12\x08\x12\x06\n\x04{\xbc\x0e>\x00\x00\x00",
-    b"\nF\n'\n\x01a\x12\"\x1a \n\x1e\x97\x01\x93\x02\x9e\x01\xac\x06\xff\x01\xd8\x05\xe1\x07\xd8\x04g]\x9a\x05\xff\x06\xde\x07\x8f\x04\x97\x04\xda\x03\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x9a\xb7I\n\r\n\x01c\x12\x08\x12\x06\n\x04\xfb\x87\x83\xbf",
+    b"\nF\n'\n\x01a\x12\"\x1a \n\x1e\x97\x01\x93\x02\x9e\x01\xac\x06\xff\x01\xd8\x05\xe1\x07\xd8\x04g]\x9a\x05\xff\x06\xde\x07\x8f\x04\x97\x04\xda\x03\n\x0c\n\x01b\x12\x07\x1a\x05\n\x03\x9a\xb7I\n\r\n\x01c\x12\x08\x12\x06\n\x04\xfb\x87\x83\xbf",  # noqa: E501
 ]
 
 
