@@ -27,6 +27,8 @@ same name.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -337,3 +339,106 @@ def test_wrong_return_type(load: Loader) -> None:
         "Expected a None object in the execute function return list for reschduled request"
     ) in e.value.message()
 
+
+
+# -- qa/L0_backend_python/model_readiness (test_model_readiness.py, test.sh) ----------------------
+
+READINESS = QA_BACKEND_PYTHON / "model_readiness" / "test_models"
+# test.sh's setup_readiness_test_model: name -> (READINESS_FN_RETURN_VALUE, _DELAY_SECS)
+READINESS_MODELS = {
+    "is_ready_fn_returns_true": ("true", "0.1"),
+    "is_ready_fn_returns_false": ("false", "0.1"),
+    "is_ready_fn_raises_error": ("exception", "0.1"),
+    "is_ready_fn_returns_non_boolean": ("non_boolean", "0.1"),
+    "is_ready_fn_coroutine_returns_true": ("coroutine", "0.1"),
+}
+
+
+def _readiness_config(name: str, return_value: str, delay_secs: str) -> Callable[[str], str]:
+    """identity_fp32's configuration renamed, with test.sh's two parameters appended."""
+    params = (
+        'parameters: {\n  key: "READINESS_FN_RETURN_VALUE"\n'
+        f'  value: {{ string_value: "{return_value}" }}\n}}\n'
+        'parameters: {\n  key: "READINESS_FN_DELAY_SECS"\n'
+        f'  value: {{ string_value: "{delay_secs}" }}\n}}\n'
+    )
+    return lambda text: _sed_name(name)(text) + params
+
+
+@pytest.fixture(scope="module")
+def readiness_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    identity = PYTHON_MODELS / "identity_fp32"
+    files: dict[str, tuple[Path, Path | None]] = {
+        name: (READINESS / ("readiness_coroutine_model.py" if value == "coroutine"
+                            else "readiness_model.py"), identity / "config.pbtxt")
+        for name, (value, _) in READINESS_MODELS.items()
+    }  # fmt: skip
+    return repository(
+        tmp_path_factory.mktemp("readiness"),
+        {"identity_fp32": identity},
+        files=files,
+        config_edit={n: _readiness_config(n, *v) for n, v in READINESS_MODELS.items()},
+    )
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["in_process", "isolated"])
+def ready_load(request: pytest.FixtureRequest, readiness_repo: Path) -> Iterator[Loader]:
+    isolated: bool = request.param
+    cache: dict[str, LoadedModel] = {}
+    with ModelRepository(readiness_repo) as repo:
+
+        def get(name: str) -> LoadedModel:
+            if name not in cache:
+                cache[name] = repo.load(name, isolated=isolated, timeout=60)
+            return cache[name]
+
+        yield get
+
+
+def _call_inference_identity_model(model: LoadedModel) -> None:
+    input_data = np.ones((1, 8), dtype=np.float32)
+    output_data = model.infer({"INPUT0": input_data})["OUTPUT0"]
+    np.testing.assert_array_almost_equal(
+        input_data, output_data, err_msg=f"Inference output mismatch for {model.name}"
+    )
+
+
+@pytest.mark.parametrize("signum", [11, 9])
+def test_model_not_ready_after_stub_killed(
+    readiness_repo: Path, signum: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # test.sh: the model is ready and answers; its stub killed with SIGSEGV / SIGKILL, the
+    # model is not ready and the log names the unhealthy stub. Isolated mode only (the
+    # in-process model has no stub to kill).
+    with ModelRepository(readiness_repo) as repo:
+        model = repo.load("identity_fp32", isolated=True, timeout=60)
+        assert model.is_ready()
+        _call_inference_identity_model(model)
+        assert model.pid is not None
+        os.kill(model.pid, signum)
+        with caplog.at_level(logging.ERROR, logger="pb_tensor.runtime"):
+            assert not model.is_ready()
+    assert any("Stub process 'identity_fp32_0_0' is not healthy." in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "ready"),
+    [("is_ready_fn_returns_true", True), ("is_ready_fn_returns_false", False),
+     ("is_ready_fn_raises_error", False), ("is_ready_fn_returns_non_boolean", False)],
+)  # fmt: skip
+def test_user_defined_is_ready(ready_load: Loader, name: str, ready: bool) -> None:
+    # test_is_ready_returns_true / _false / _raises_exception / _returns_non_boolean: ten
+    # checks in a row (upstream asks over HTTP and gRPC: here one check stands for both),
+    # inference unaffected by them.
+    model = ready_load(name)
+    for _ in range(10):
+        assert model.is_ready() is ready
+        _call_inference_identity_model(model)
+
+
+def test_is_ready_coroutine_returns_true(ready_load: Loader) -> None:
+    model = ready_load("is_ready_fn_coroutine_returns_true")
+    for _ in range(5):
+        assert model.is_ready(), "Model (coroutine) should be READY"
+    _call_inference_identity_model(model)

@@ -312,6 +312,11 @@ class ModelHost:
         try:
             with self._model_code():
                 result = fn()
+                if asyncio.iscoroutine(result):
+                    # As upstream's stub: an ``async def is_ready`` runs on the model's loop.
+                    result = asyncio.run_coroutine_threadsafe(
+                        _await_serving(self._backend, result), self._event_loop()
+                    ).result()
         except Exception as exc:
             return False, format_exception(exc)
         finally:
