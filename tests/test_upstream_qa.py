@@ -19,7 +19,12 @@ modes with the inputs and assertions of the upstream test that drives each:
 * ``qa/L0_string_io`` (``string_client_test.py``, ``test.sh``' ``sed`` of the dims):
   ``string_identity``, as the gRPC client and HTTP's binary clients send it;
 * ``qa/L0_backend_python/request_rescheduling`` (``test.sh``; the assertion is
-  ``bls_request_rescheduling``'s ``test_wrong_return_type``): ``wrong_return_type``.
+  ``bls_request_rescheduling``'s ``test_wrong_return_type``): ``wrong_return_type``;
+* ``qa/L0_backend_python/model_readiness`` (``test_model_readiness.py``, ``test.sh``):
+  ``readiness_model`` and ``readiness_coroutine_model`` laid out as ``test.sh`` does, and
+  ``identity_fp32`` whose stub is killed;
+* ``qa/L0_model_config`` (``test.sh``): the Python cases of ``autofill_noplatform`` (with
+  ``qa/python_models/auto_complete``), each a load that fails with the expected text.
 
 Where upstream's client sees a gRPC status, these tests see the ``InferenceError`` code of the
 same name.
@@ -29,13 +34,15 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, repository
+from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, UPSTREAM, repository
 
 from pb_tensor.runtime import InferenceError, LoadedModel, ModelLoadError, ModelRepository
 from pb_tensor.utils import TritonError
@@ -442,3 +449,28 @@ def test_is_ready_coroutine_returns_true(ready_load: Loader) -> None:
     for _ in range(5):
         assert model.is_ready(), "Model (coroutine) should be READY"
     _call_inference_identity_model(model)
+
+
+# -- qa/L0_model_config (test.sh): Python models' auto_complete_config errors ------------------
+
+AUTOFILL = UPSTREAM / "server" / "qa" / "L0_model_config" / "autofill_noplatform" / "python"
+AUTOFILL_CASES = sorted(p.name for p in AUTOFILL.iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+@pytest.mark.parametrize("case", AUTOFILL_CASES)
+def test_autofill_noplatform_python(tmp_path: Path, case: str, isolated: bool) -> None:
+    # test.sh copies each case as a model (cases without a model.py of their own get
+    # qa/python_models/auto_complete's) and expects the server not to start, its log
+    # matching one of the case's expected* patterns (grep).
+    source = AUTOFILL / case
+    model = shutil.copytree(source, tmp_path / case)
+    (model / "1").mkdir()
+    own = source / "model.py"
+    shutil.copy(own if own.is_file() else PYTHON_MODELS / "auto_complete" / "model.py",
+                model / "1" / "model.py")  # fmt: skip
+    expecteds = [p.read_text().strip() for p in sorted(source.glob("expected*"))]
+    assert expecteds
+    with ModelRepository(tmp_path) as repo, pytest.raises(ModelLoadError) as e:
+        repo.load(case, isolated=isolated, timeout=60)
+    assert any(re.search(ex, str(e.value)) for ex in expecteds), str(e.value)
