@@ -150,6 +150,9 @@ class Pending:
         stats.failure(self.start_ns, time.monotonic_ns())
 
 
+_Work = tuple[Instance, list[Pending]]
+
+
 class DynamicBatcher:
     """The batcher of one loaded model: :meth:`submit` queues requests, a thread of its own
     forms batches whenever an instance is idle, and each batch runs in a thread that hands
@@ -168,6 +171,8 @@ class DynamicBatcher:
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._thread: threading.Thread | None = None
+        # One thread per instance runs its batches (started on its first batch).
+        self._workers: dict[int, queue.SimpleQueue[_Work | None]] = {}
 
     # -- callers ------------------------------------------------------------------------------
     def _batch_size(self, data: RequestData) -> int:
@@ -255,6 +260,8 @@ class DynamicBatcher:
             for lane in self._queues:
                 lane.clear()
             self._cond.notify_all()
+            for work in self._workers.values():
+                work.put(None)  # after the batches it holds
         error = _unloaded(self._name)
         for entry in entries:
             entry.end(error, self._stats)
@@ -268,19 +275,36 @@ class DynamicBatcher:
                 if self._closed:
                     return
             try:
-                instance = self._instances.acquire()
-            except InferenceError:  # unreachable: this thread holds no instance
+                # Owner 0 (no thread): the instance waits for its batch, which runs in the
+                # instance's own thread (that then owns it).
+                instance = self._instances.acquire(owner=0)
+            except InferenceError:  # unreachable: no instance is this thread's
                 instance = None
             if instance is None:
                 self.close()
                 return
             with self._cond:
                 batch = self._form()
-            if not batch:
-                self._instances.release(instance)
-                continue
-            threading.Thread(target=self._execute, args=(instance, batch),
-                             name=f"pb-tensor-batch-{self._name}", daemon=True).start()  # fmt: skip
+                if batch:
+                    self._worker(instance).put((instance, batch))
+                    continue
+            self._instances.release(instance)
+
+    def _worker(self, instance: Instance) -> queue.SimpleQueue[_Work | None]:
+        """The queue of ``instance``'s thread (called with the condition held)."""
+        work = self._workers.get(id(instance))
+        if work is None:
+            work = self._workers[id(instance)] = queue.SimpleQueue()
+            threading.Thread(target=self._work, args=(work,), daemon=True,
+                             name=f"pb-tensor-batch-{instance.name}").start()  # fmt: skip
+        return work
+
+    def _work(self, work: queue.SimpleQueue[_Work | None]) -> None:
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            self._execute(*item)
 
     def _expire(self, now_ns: int) -> None:
         """Drop cancelled requests and reject timed-out ones (``ApplyPolicyAtCursor``)."""
