@@ -230,3 +230,94 @@ def test_cancel_while_queued(tmp_path: Path) -> None:
         busy.result(30)
         stats = model.statistics()
     assert stats["execution_count"] == 1
+
+
+# -- qa response_sender/response_sender_test.py::test_*_multiple_requests ---------------------
+_SENDER_BATCHING = "dynamic_batching { max_queue_delay_microseconds: 500000 }\n"
+_DECOUPLED = "model_transaction_policy { decoupled: True }\n"
+
+
+def _sender_inputs(
+    before: int, final_before: bool, returned: bool, after: int, final_after: bool
+) -> dict[str, np.ndarray]:
+    return {
+        "NUMBER_OF_RESPONSE_BEFORE_RETURN": np.array([[before]], np.uint8),
+        "SEND_COMPLETE_FINAL_FLAG_BEFORE_RETURN": np.array([[final_before]], bool),
+        "RETURN_A_RESPONSE": np.array([[returned]], bool),
+        "NUMBER_OF_RESPONSE_AFTER_RETURN": np.array([[after]], np.uint8),
+        "SEND_COMPLETE_FINAL_FLAG_AFTER_RETURN": np.array([[final_after]], bool),
+    }
+
+
+def _assert_responses_valid(
+    responses: list[Outputs], before: int, returned: bool, after: int
+) -> None:
+    """Upstream's ``_assert_responses_valid``: responses numbered < 1000 were returned,
+    < 2000 sent before returning, < 3000 after."""
+    before_count = 0
+    response_returned = False
+    after_count = 0
+    for result in responses:
+        result_np = result["INDEX"]
+        response_id = result_np.sum() / result_np.shape[0]
+        if response_id < 1000:
+            assert not response_returned, "Expect at most one response returned per request."
+            response_returned = True
+        elif response_id < 2000:
+            before_count += 1
+        elif response_id < 3000:
+            after_count += 1
+        else:
+            raise ValueError(f"Unexpected response_id: {response_id}")
+    assert before == before_count
+    assert returned == response_returned
+    assert after == after_count
+
+
+def _parallel(model: LoadedModel, inputs: list[dict[str, np.ndarray]]) -> list[Outputs]:
+    """Every request's responses, the requests made at once (one stream each, as a gRPC
+    stream's ``async_stream_infer`` sends them)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(len(inputs)) as pool:
+        streams = list(pool.map(lambda x: list(model.stream(x)), inputs))
+    return [r for responses in streams for r in responses]
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+@pytest.mark.parametrize("decoupled", [False, True], ids=["non_decoupled", "decoupled"])
+def test_upstream_response_sender_multiple_requests(
+    tmp_path: Path, isolated: bool, decoupled: bool
+) -> None:
+    """qa response_sender's ``test_decoupled_multiple_requests`` and
+    ``test_non_decoupled_multiple_requests``: the requests, each answering differently,
+    reach the batching models (``response_sender[_decoupled][_async]_batching``, laid out
+    as response_sender/test.sh does) together; upstream's assertions on all responses."""
+    from upstream_models import PYTHON_MODELS, repository
+
+    sender = PYTHON_MODELS / "response_sender"
+    suffix = _DECOUPLED if decoupled else ""
+    names = [f"response_sender{'_decoupled' if decoupled else ''}{a}_batching"
+             for a in ("", "_async")]  # fmt: skip
+    repository(
+        tmp_path, {name: sender for name in names},
+        model_file={names[1]: "model_async.py"},
+        config_edit={name: (lambda t: t + suffix + _SENDER_BATCHING) for name in names},
+    )  # fmt: skip
+    if decoupled:
+        parallel_inputs = [_sender_inputs(*p) for p in (
+            (0, True, False, 0, False), (0, False, False, 0, True), (1, True, False, 0, False),
+            (0, False, False, 1, True), (2, True, False, 0, False), (0, False, False, 2, True),
+            (1, False, False, 3, True),
+        )]  # fmt: skip
+        expected = (4, False, 6)
+    else:
+        parallel_inputs = [_sender_inputs(*p) for p in (
+            (0, False, True, 0, False), (1, True, False, 0, False), (0, False, False, 1, True),
+        )]  # fmt: skip
+        expected = (1, True, 1)
+    with ModelRepository(tmp_path) as repo:
+        for name in names:
+            model = repo.load(name, isolated=isolated, timeout=60)
+            _assert_responses_valid(_parallel(model, parallel_inputs), *expected)
+            assert model.statistics()["execution_count"] < len(parallel_inputs)
