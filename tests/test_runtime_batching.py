@@ -321,3 +321,21 @@ def test_upstream_response_sender_multiple_requests(
             model = repo.load(name, isolated=isolated, timeout=60)
             _assert_responses_valid(_parallel(model, parallel_inputs), *expected)
             assert model.statistics()["execution_count"] < len(parallel_inputs)
+
+
+def test_unload_fails_queued_requests(tmp_path: Path) -> None:
+    """Unloading waits for the running batch; requests still queued fail with Triton's
+    unknown-model error."""
+    repo, model = _load(tmp_path, "dynamic_batching { }", max_batch_size=0)
+    with repo:
+        busy = model.infer_async(_req(0), parameters={"sleep": 0.5})
+        time.sleep(0.1)
+        queued = [model.infer_async(_req(i)) for i in (1, 2)]
+        time.sleep(0.1)
+        model.unload()
+        _check_own([busy.result(30)], [(1, 2)])
+        for future in queued:
+            with pytest.raises(InferenceError) as info:
+                future.result(30)
+            assert info.value.message() == "Request for unknown model: 'b' is not found"
+        assert not model.loaded
