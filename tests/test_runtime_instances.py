@@ -296,3 +296,32 @@ def test_concurrent_callers_threads(tmp_path: Path) -> None:
             t.join(30)
     assert len(names) == 8
     assert set(names) <= {b"rec_0_0", b"rec_0_1"}
+
+
+def test_kind_gpu_instances_per_visible_gpu(tmp_path: Path, fake: object) -> None:
+    """With two (fake) GPUs visible: a KIND_GPU group without ``gpus`` gets ``count``
+    instances on each GPU (Triton names them per count, so both GPUs have ``<group>_0``);
+    listed GPUs get ``count`` each; an id that is not visible is Triton's load error."""
+    _write(tmp_path, """
+instance_group [
+  { count: 1 kind: KIND_GPU },
+  { name: "one" count: 2 kind: KIND_GPU gpus: [ 1 ] }
+]
+""")
+    with ModelRepository(tmp_path) as repo:
+        model = repo.load("rec", isolated=False)
+        assert model.instance_names == ["rec_0_0", "rec_0_0", "one_0", "one_1"]
+        assert model.config["instance_group"][0]["gpus"] == [0, 1]
+        model.unload()
+    args = {p.name: json.loads(p.read_text()) for p in (tmp_path / "rec").glob("init_*.json")}
+    assert args["init_one_0.json"] == {"model_instance_name": "one_0",
+                                       "model_instance_kind": "GPU",
+                                       "model_instance_device_id": "1"}  # fmt: skip
+    assert args["init_rec_0_0.json"]["model_instance_kind"] == "GPU"
+    _write(tmp_path, "instance_group [ { count: 1 kind: KIND_GPU gpus: [ 5 ] } ]", "bad")
+    with ModelRepository(tmp_path) as repo, pytest.raises(ModelLoadError) as info:
+        repo.load("bad", isolated=False)
+    assert str(info.value).endswith(
+        ": instance group bad_0 of model bad specifies invalid or unsupported gpu id 5. GPUs "
+        "with at least the minimum required CUDA compute compatibility of 6.000000 are: 0, 1"
+    )
