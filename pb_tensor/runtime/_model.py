@@ -40,9 +40,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LoadedModel"]
 
-
-
 log = logging.getLogger("pb_tensor.runtime")
+
 
 class LoadedModel:
     """A model version loaded by :meth:`ModelRepository.load`, ready for requests.
