@@ -18,9 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from pb_tensor import Tensor, TritonDtype
+from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
 from pb_tensor.runtime._ensemble_validate import (
     ENSEMBLE_PLATFORM,
@@ -33,6 +31,7 @@ from pb_tensor.runtime._ensemble_validate import (
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._model import LoadedModel
+from pb_tensor.runtime._reshape import renamed
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 from pb_tensor.runtime._validate import ModelSpec, validate_request
@@ -57,11 +56,13 @@ class _Step:
     inputs: tuple[tuple[str, str, tuple[int, ...]], ...]  # (model input, tensor, dims)
     outputs: dict[str, str]  # model output -> ensemble tensor
     requested: tuple[str, ...]
+    pooled_inputs: bool  # the model runs in a stub: pooled tensors reach it as they are
+    pooled_outputs: bool  # ... and answers with tensors in the pool
 
 
 def _same_dims(config: Sequence[int], shape: Sequence[int]) -> bool:
     return len(config) == len(shape) and all(
-        c == _WILDCARD or c == s for c, s in zip(config, shape)
+        c in (_WILDCARD, s) for c, s in zip(config, shape)
     )
 
 
@@ -79,18 +80,6 @@ def _reshaped(
     return shape
 
 
-def _as(tensor: Tensor, name: str, shape: tuple[int, ...]) -> Tensor:
-    """``tensor`` named ``name`` with ``shape``: itself when nothing changes, else a view
-    (a copy for BYTES, whose wire form has no view)."""
-    if tensor.name() == name and tensor.shape() == shape:
-        return tensor
-    if tensor.triton_dtype() is TritonDtype.TYPE_BYTES:
-        return Tensor(name, tensor.as_numpy().reshape(shape))
-    if tensor.shape() == shape:
-        return Tensor.from_dlpack(name, tensor)
-    return Tensor.from_dlpack(name, np.asarray(tensor.as_numpy()).reshape(shape))
-
-
 class _Run:
     """The state of one request to an ensemble (core's ``EnsembleContext``)."""
 
@@ -106,6 +95,8 @@ class _Run:
         self.launched: set[tuple[int, int]] = set()
         self.error: InferenceError | None = None
         self.responses = 0
+        # ids of the stored tensors that a stub sent (their data is in the pool)
+        self.pooled: set[int] = set()
 
     def add(self, name: str, tensor: Tensor | None, batch_size: int) -> tuple[str, int]:
         iteration = self.counts.get(name, 0)
@@ -159,8 +150,8 @@ class _Run:
             if tensor is None:
                 continue
             dims = self.model.output_dims[name]
-            tensors.append(_as(tensor, name, _reshaped(dims, batching, batch_size,
-                                                       tensor.shape())))  # fmt: skip
+            tensors.append(renamed(tensor, name, _reshaped(dims, batching, batch_size,
+                                                       tuple(tensor.shape()))))  # fmt: skip
         self.responses += 1
         return Reply(0, tensors, None, "{}", 0, True)
 
@@ -314,19 +305,33 @@ class EnsembleModel(LoadedModel):
         step = self.steps[index]
         inputs = []
         batch_size = 0
+        # A stub's outputs are in the pool already: the next stub gets the same records and
+        # names them itself (nothing copied); a reshape needs a new record.
+        pooled: list[Tensor] | None = [] if step.pooled_inputs else None
+        renaming = False
         for model_input, tensor_name, dims in step.inputs:
             tensor, tensor_batch = run.values[tensor_name][iteration]
             if tensor is None:
                 continue
-            shape = _reshaped(dims, step.batching, tensor_batch, tensor.shape())
+            have = tuple(tensor.shape())
+            shape = _reshaped(dims, step.batching, tensor_batch, have)
             if step.batching and shape and not batch_size:
                 batch_size = shape[0]
-            inputs.append(_as(tensor, model_input, shape))
+            view = renamed(tensor, model_input, shape)
+            inputs.append(view)
+            if pooled is not None:
+                if view is tensor:
+                    pooled.append(tensor)
+                elif shape == have and id(tensor) in run.pooled:
+                    pooled.append(tensor)
+                    renaming = True
+                else:
+                    pooled = None
         run.release((t for _, t, _ in step.inputs), iteration)
         data = run.data
         request = RequestData(inputs, list(step.requested), data.request_id,
                               data.correlation_id, data.flags, data.parameters,
-                              data.timeout_us)  # fmt: skip
+                              data.timeout_us, pooled=pooled if renaming else None)  # fmt: skip
         replies = step.model._replies([request], timeout, cancel)
         try:
             for reply in replies:
@@ -336,6 +341,8 @@ class EnsembleModel(LoadedModel):
                 if not reply.has_response:
                     continue
                 produced = {t.name(): t for t in reply.tensors}
+                if step.pooled_outputs:
+                    run.pooled.update(id(t) for t in reply.tensors)
                 updated = [
                     run.add(tensor_name, produced.get(output), batch_size)
                     for output, tensor_name in step.outputs.items()
@@ -451,13 +458,16 @@ def load_ensemble(
     steps = []
     for step in config.ensemble_scheduling.step:
         model_config = completed[step.model_name]
+        model = models[step.model_name]
         dims = {i.name: tuple(i.dims) for i in model_config.input}
         steps.append(_Step(
-            models[step.model_name],
+            model,
             model_config.max_batch_size > 0,
             tuple((k, v, dims[k]) for k, v in step.input_map.items()),
             dict(step.output_map),
             tuple(step.output_map),
+            model.isolated,
+            model.isolated and not isinstance(model, EnsembleModel),
         ))  # fmt: skip
     output_dims = {
         o.name: tuple(o.reshape.shape if o.HasField("reshape") else o.dims)

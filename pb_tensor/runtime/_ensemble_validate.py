@@ -236,7 +236,7 @@ def _symbolic(model: str) -> _Node:
 
 def _same_dims(a: Sequence[int], b: Sequence[int]) -> bool:
     return len(a) == len(b) and all(
-        x == _WILDCARD or y == _WILDCARD or x == y for x, y in zip(a, b)
+        _WILDCARD in (x, y) or x == y for x, y in zip(a, b)
     )
 
 
