@@ -14,7 +14,7 @@ next model's input buffer).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,68 @@ def _reshaped(
     return shape
 
 
+def _dataflow_order(steps: Sequence[_Step], inputs: Iterable[str]) -> list[int]:
+    """Step indexes in an order where every step comes after the steps writing its inputs
+    (validation made sure there is one, covering every step)."""
+    have = set(inputs)
+    order: list[int] = []
+    left = list(range(len(steps)))
+    while left:
+        ready = [i for i in left if all(t in have for _, t, _ in steps[i].inputs)]
+        if not ready:
+            break  # unreachable after validation: the rest could never run
+        for i in ready:
+            order.append(i)
+            left.remove(i)
+            have.update(steps[i].outputs.values())
+    return order
+
+
+def _step_request(
+    step: _Step,
+    value: Callable[[str], tuple[Tensor | None, int]],
+    pooled_ids: set[int],
+    data: RequestData,
+) -> tuple[RequestData, int]:
+    """Core's ``InitStep``: the request of ``step`` (``value(tensor)``: the tensor and its
+    batch size), and its batch size."""
+    inputs = []
+    batch_size = 0
+    # A stub's outputs are in the pool already: the next stub gets the same records and
+    # names them itself (nothing copied); a reshape needs a new record.
+    pooled: list[Tensor] | None = [] if step.pooled_inputs else None
+    renaming = False
+    for model_input, tensor_name, dims in step.inputs:
+        tensor, tensor_batch = value(tensor_name)
+        if tensor is None:
+            continue  # an optional input the request left out
+        if step.batching == (tensor_batch != 0):  # no batch dimension to add or strip
+            same_shape = True
+            if step.batching and not batch_size:
+                batch_size = tensor_batch
+            view = tensor if tensor.name() == model_input else renamed(tensor, model_input)
+        else:
+            have = tuple(tensor.shape())
+            shape = _reshaped(dims, step.batching, tensor_batch, have)
+            same_shape = shape == have
+            if step.batching and shape and not batch_size:
+                batch_size = shape[0]
+            view = renamed(tensor, model_input, shape)
+        inputs.append(view)
+        if pooled is not None:
+            if view is tensor:
+                pooled.append(tensor)
+            elif same_shape and id(tensor) in pooled_ids:
+                pooled.append(tensor)
+                renaming = True
+            else:
+                pooled = None
+    request = RequestData(inputs, list(step.requested), data.request_id, data.correlation_id,
+                          data.flags, data.parameters, data.timeout_us,
+                          pooled=pooled if renaming else None)  # fmt: skip
+    return request, batch_size
+
+
 class _Run:
     """The state of one request to an ensemble (core's ``EnsembleContext``)."""
 
@@ -139,19 +201,14 @@ class _Run:
                 iteration = it
         if iteration < 0:
             return None
-        tensors = []
-        batching = self.model.request_batch(self.data) != 0
+        found = []
         for name in requested:
             entry = self.values[name]
-            tensor, batch_size = (
-                entry[iteration] if self.remaining.get((name, iteration)) else
-                entry.pop(iteration)
+            value = entry[iteration] if self.remaining.get((name, iteration)) else entry.pop(
+                iteration
             )
-            if tensor is None:
-                continue
-            dims = self.model.output_dims[name]
-            tensors.append(renamed(tensor, name, _reshaped(dims, batching, batch_size,
-                                                       tuple(tensor.shape()))))  # fmt: skip
+            found.append((name, *value))
+        tensors = self.model.outputs(self.data, found)
         self.responses += 1
         return Reply(0, tensors, None, "{}", 0, True)
 
@@ -193,6 +250,7 @@ class EnsembleModel(LoadedModel):
             for tensor in dict.fromkeys(t for _, t, _ in step.inputs):
                 self.consumers.setdefault(tensor, []).append(index)
         self._live = True
+        self.ordered = [steps[i] for i in _dataflow_order(steps, [i.name for i in spec.inputs])]
 
     @property
     def composing_models(self) -> list[LoadedModel]:
@@ -219,11 +277,88 @@ class EnsembleModel(LoadedModel):
                 return int(shape[0])
         return 0
 
+    def outputs(
+        self, data: RequestData, values: Iterable[tuple[str, Tensor | None, int]]
+    ) -> list[Tensor]:
+        """The response tensors of ``values`` (ensemble output, tensor, its batch size):
+        named and shaped as the ensemble's outputs (a missing optional one left out)."""
+        batching = self.request_batch(data) != 0
+        tensors = []
+        for name, tensor, batch_size in values:
+            if tensor is not None:
+                shape = _reshaped(self.output_dims[name], batching, batch_size,
+                                  tuple(tensor.shape()))  # fmt: skip
+                tensors.append(renamed(tensor, name, shape))
+        return tensors
+
     # -- running ------------------------------------------------------------------------------
     def _replies(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
     ) -> Iterable[Reply]:
-        return self._run_batch(batch, timeout, cancel)
+        if self._decoupled:
+            return self._run_batch(batch, timeout, cancel)
+        replies = []
+        for index, data in enumerate(batch):
+            reply = self._run_static(data, timeout, cancel)
+            reply.index = index
+            replies.append(reply)
+        return replies
+
+    def _refusal(self, data: RequestData) -> Reply | None:
+        """The error reply of a request that cannot run (validated here otherwise)."""
+        if not self._live:
+            error = InferenceError(
+                f"Request for unknown model: '{self._name}' is not found",
+                TritonError.INVALID_ARG,
+            )
+            return Reply(0, [], error, "{}", FINAL, False)
+        if not data.validated:
+            try:
+                data.requested_outputs = validate_request(
+                    self._spec, data.inputs, data.requested_outputs, data.request_id
+                )
+            except InferenceError as exc:
+                return Reply(0, [], exc, "{}", FINAL, False)
+            data.validated = True
+        return None
+
+    def _failed(self, error: InferenceError) -> Reply:
+        return Reply(0, [], InferenceError(f"in ensemble '{self._name}', {error.message()}",
+                                           error.code()), "{}", FINAL, False)  # fmt: skip
+
+    def _run_static(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None
+    ) -> Reply:
+        """A request to an ensemble without decoupled steps: every step runs once, in an
+        order where each step's inputs exist before it runs (any such order gives the
+        dataflow's result)."""
+        refused = self._refusal(data)
+        if refused is not None:
+            return refused
+        batch_size = self.request_batch(data)
+        values: dict[str, tuple[Tensor | None, int]] = {
+            t.name(): (t, batch_size) for t in data.inputs
+        }
+        for name in self.optional_inputs:
+            values.setdefault(name, (None, batch_size))
+        pooled_ids: set[int] = set()
+        for step in self.ordered:
+            if cancel is not None and cancel.cancelled:
+                return self._failed(cancelled_error())
+            request, step_batch = _step_request(step, values.__getitem__, pooled_ids, data)
+            got: Reply | None = None
+            for reply in step.model._replies([request], timeout, cancel):
+                if got is None and (reply.has_response or reply.error is not None):
+                    got = reply
+            if got is not None and got.error is not None:
+                return self._failed(got.error)
+            produced = {} if got is None else {t.name(): t for t in got.tensors}
+            if step.pooled_outputs:
+                pooled_ids.update(id(t) for t in produced.values())
+            for output, tensor_name in step.outputs.items():
+                values[tensor_name] = (produced.get(output), step_batch)
+        found = [(name, *values[name]) for name in data.requested_outputs]
+        return Reply(0, self.outputs(data, found), None, "{}", FINAL, True)
 
     def _run_batch(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None
@@ -236,22 +371,10 @@ class EnsembleModel(LoadedModel):
     def _run_one(
         self, data: RequestData, timeout: float | None, cancel: Cancellation | None
     ) -> Iterator[Reply]:
-        if not self._live:
-            error = InferenceError(
-                f"Request for unknown model: '{self._name}' is not found",
-                TritonError.INVALID_ARG,
-            )
-            yield Reply(0, [], error, "{}", FINAL, False)
+        refused = self._refusal(data)
+        if refused is not None:
+            yield refused
             return
-        if not data.validated:
-            try:
-                data.requested_outputs = validate_request(
-                    self._spec, data.inputs, data.requested_outputs, data.request_id
-                )
-            except InferenceError as exc:
-                yield Reply(0, [], exc, "{}", FINAL, False)
-                return
-            data.validated = True
         run = _Run(self, data)
         batch_size = self.request_batch(data)
         updated = [run.add(t.name(), t, batch_size) for t in data.inputs]
@@ -265,9 +388,7 @@ class EnsembleModel(LoadedModel):
             elif held is None:
                 held = reply
         if run.error is not None:
-            error = run.error
-            yield Reply(0, [], InferenceError(f"in ensemble '{self._name}', {error.message()}",
-                                              error.code()), "{}", FINAL, False)  # fmt: skip
+            yield self._failed(run.error)
             return
         if held is not None:
             held.flags = FINAL
@@ -303,35 +424,11 @@ class EnsembleModel(LoadedModel):
             run.error = cancelled_error()
             return
         step = self.steps[index]
-        inputs = []
-        batch_size = 0
-        # A stub's outputs are in the pool already: the next stub gets the same records and
-        # names them itself (nothing copied); a reshape needs a new record.
-        pooled: list[Tensor] | None = [] if step.pooled_inputs else None
-        renaming = False
-        for model_input, tensor_name, dims in step.inputs:
-            tensor, tensor_batch = run.values[tensor_name][iteration]
-            if tensor is None:
-                continue
-            have = tuple(tensor.shape())
-            shape = _reshaped(dims, step.batching, tensor_batch, have)
-            if step.batching and shape and not batch_size:
-                batch_size = shape[0]
-            view = renamed(tensor, model_input, shape)
-            inputs.append(view)
-            if pooled is not None:
-                if view is tensor:
-                    pooled.append(tensor)
-                elif shape == have and id(tensor) in run.pooled:
-                    pooled.append(tensor)
-                    renaming = True
-                else:
-                    pooled = None
+        values = run.values
+        request, batch_size = _step_request(
+            step, lambda name: values[name][iteration], run.pooled, run.data
+        )
         run.release((t for _, t, _ in step.inputs), iteration)
-        data = run.data
-        request = RequestData(inputs, list(step.requested), data.request_id,
-                              data.correlation_id, data.flags, data.parameters,
-                              data.timeout_us, pooled=pooled if renaming else None)  # fmt: skip
         replies = step.model._replies([request], timeout, cancel)
         try:
             for reply in replies:
