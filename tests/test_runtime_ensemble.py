@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, UPSTREAM, repository
 
 from pb_tensor.runtime import InferenceError, LoadedModel, ModelLoadError, ModelRepository
 from pb_tensor.utils import TritonError
-from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, UPSTREAM, repository
 
 pytest.importorskip("google.protobuf")
 
@@ -342,7 +342,8 @@ def test_unload_leaves_composing_models_unless_asked(repo: ModelRepository) -> N
     step_model = model.composing_models[0]  # type: ignore[attr-defined]
     assert model.is_ready()
     model.unload()
-    assert not model.loaded and not model.is_ready()
+    assert not model.loaded
+    assert not model.is_ready()
     assert step_model.loaded
     with pytest.raises(InferenceError) as info:
         model.infer({"IN": np.array([1], np.int32)})
