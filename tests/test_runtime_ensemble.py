@@ -90,6 +90,17 @@ RAISES = (
     """,
 )
 
+UNLOADER = (
+    ADD_ONE[0],
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            pb_utils.unload_model(model_name="chain", unload_dependents=True)
+            return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "IN")])
+                    for r in requests]
+    """,
+)
+
 BLS_TO_ENSEMBLE = (
     ADD_ONE[0],
     """
@@ -147,7 +158,7 @@ def build(root: Path, models: dict[str, tuple[str, str | None] | str]) -> Path:
 def repo(tmp_path: Path) -> Iterator[ModelRepository]:
     root = build(tmp_path / "models", {
         "add_one": ADD_ONE, "add2": ADD2, "repeat": REPEAT, "raises": RAISES,
-        "bls_chain": BLS_TO_ENSEMBLE, "chain": CHAIN,
+        "bls_chain": BLS_TO_ENSEMBLE, "chain": CHAIN, "unloader": UNLOADER,
         "outer": ensemble([step("chain", {"IN": "IN"}, {"OUT": "c"}),
                            step("add_one", {"IN": "c"}, {"OUT": "OUT"})]),
         "fan_out": ensemble([step("add_one", {"IN": "r"}, {"OUT": "OUT"}),
@@ -352,6 +363,16 @@ def test_unload_leaves_composing_models_unless_asked(repo: ModelRepository) -> N
     assert again.composing_models == [step_model]  # type: ignore[attr-defined]
     again.unload(unload_dependents=True)  # type: ignore[call-arg]
     assert not step_model.loaded
+
+
+def test_pb_utils_unload_model_with_dependents(repo: ModelRepository) -> None:
+    caller = repo.load("bls_chain", isolated=False)
+    caller.infer({"IN": np.array([1], np.int32)})  # loads chain (and add_one) through BLS
+    chain = repo.shared_model("chain", -1, False)
+    add_one = chain.composing_models[0]  # type: ignore[attr-defined]
+    repo.load("unloader", isolated=False).infer({"IN": np.array([1], np.int32)})
+    assert not chain.loaded
+    assert not add_one.loaded
 
 
 # -- validation ------------------------------------------------------------------------------

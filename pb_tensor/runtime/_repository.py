@@ -12,7 +12,7 @@ from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
 from pb_tensor.runtime._calls import BlsResponses
 from pb_tensor.runtime._engines import StubEngine, StubFailure
-from pb_tensor.runtime._ensemble import is_ensemble, load_ensemble
+from pb_tensor.runtime._ensemble import EnsembleModel, is_ensemble, load_ensemble
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import (
     HostInfo,
@@ -366,10 +366,14 @@ class ModelRepository:
             self.bls_target(name, -1, isolated)
             return None
         if kind == "unload_model":
-            name, _ = payload
+            name, unload_dependents = payload
             with self._lock:
                 for key in [k for k in self._bls if k[0] == name]:
-                    self._bls.pop(key).unload()
+                    model = self._bls.pop(key)
+                    if isinstance(model, EnsembleModel):
+                        model.unload(unload_dependents=bool(unload_dependents))
+                    else:
+                        model.unload()
             return None
         if kind == "is_model_ready":
             name, version = payload
