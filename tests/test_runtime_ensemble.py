@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, UPSTREAM, repository
 
-from pb_tensor.runtime import InferenceError, LoadedModel, ModelLoadError, ModelRepository
+from pb_tensor.runtime import (
+    EnsembleModel,
+    InferenceError,
+    LoadedModel,
+    ModelLoadError,
+    ModelRepository,
+)
 from pb_tensor.utils import TritonError
 
 pytest.importorskip("google.protobuf")
@@ -285,9 +291,10 @@ def test_decoupled_step_each_response_flows_on(repo: ModelRepository) -> None:
 
 def test_ensemble_of_ensembles(repo: ModelRepository) -> None:
     outer = repo.load("outer", isolated=False)
+    assert isinstance(outer, EnsembleModel)
     np.testing.assert_array_equal(outer.infer({"IN": np.array([0, 7], np.int32)})["OUT"],
                                   [3, 10])  # fmt: skip
-    names = [m.name for m in outer.composing_models]  # type: ignore[attr-defined]
+    names = [m.name for m in outer.composing_models]
     assert names == ["chain", "add_one"]
 
 
@@ -350,7 +357,8 @@ def test_stub_to_stub_hops_reuse_the_pool_records(tmp_path: Path) -> None:
 # -- unloading -------------------------------------------------------------------------------
 def test_unload_leaves_composing_models_unless_asked(repo: ModelRepository) -> None:
     model = repo.load("chain", isolated=False)
-    step_model = model.composing_models[0]  # type: ignore[attr-defined]
+    assert isinstance(model, EnsembleModel)
+    step_model = model.composing_models[0]
     assert model.is_ready()
     model.unload()
     assert not model.loaded
@@ -360,8 +368,9 @@ def test_unload_leaves_composing_models_unless_asked(repo: ModelRepository) -> N
         model.infer({"IN": np.array([1], np.int32)})
     assert info.value.message() == "Request for unknown model: 'chain' is not found"
     again = repo.load("chain", isolated=False)
-    assert again.composing_models == [step_model]  # type: ignore[attr-defined]
-    again.unload(unload_dependents=True)  # type: ignore[call-arg]
+    assert isinstance(again, EnsembleModel)
+    assert again.composing_models == [step_model]
+    again.unload(unload_dependents=True)
     assert not step_model.loaded
 
 
@@ -369,7 +378,8 @@ def test_pb_utils_unload_model_with_dependents(repo: ModelRepository) -> None:
     caller = repo.load("bls_chain", isolated=False)
     caller.infer({"IN": np.array([1], np.int32)})  # loads chain (and add_one) through BLS
     chain = repo.shared_model("chain", -1, False)
-    add_one = chain.composing_models[0]  # type: ignore[attr-defined]
+    assert isinstance(chain, EnsembleModel)
+    add_one = chain.composing_models[0]
     repo.load("unloader", isolated=False).infer({"IN": np.array([1], np.int32)})
     assert not chain.loaded
     assert not add_one.loaded
