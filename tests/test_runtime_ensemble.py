@@ -127,6 +127,31 @@ BLS_TO_ENSEMBLE = (
 )
 
 
+BLS_DECOUPLED = (
+    ADD_ONE[0],
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "IN")
+                got = []
+                request = pb_utils.InferenceRequest(
+                    model_name="fan_out", requested_output_names=["OUT"],
+                    inputs=[pb_utils.Tensor("IN", x.as_numpy())])
+                for reply in request.exec(decoupled=True):
+                    if reply.has_error():
+                        raise pb_utils.TritonModelException(reply.error().message())
+                    t = pb_utils.get_output_tensor_by_name(reply, "OUT")
+                    if t is not None:
+                        got.append(int(t.as_numpy()[0]))
+                out.append(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUT", np.array(got, np.int32))]))
+            return out
+    """,
+)
+
+
 def step(model: str, inputs: dict[str, str], outputs: dict[str, str], version: int = -1) -> str:
     maps = "".join(f' input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
     maps += "".join(f' output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
@@ -165,6 +190,7 @@ def repo(tmp_path: Path) -> Iterator[ModelRepository]:
     root = build(tmp_path / "models", {
         "add_one": ADD_ONE, "add2": ADD2, "repeat": REPEAT, "raises": RAISES,
         "bls_chain": BLS_TO_ENSEMBLE, "chain": CHAIN, "unloader": UNLOADER,
+        "bls_fan_out": BLS_DECOUPLED,
         "outer": ensemble([step("chain", {"IN": "IN"}, {"OUT": "c"}),
                            step("add_one", {"IN": "c"}, {"OUT": "OUT"})]),
         "fan_out": ensemble([step("add_one", {"IN": "r"}, {"OUT": "OUT"}),
@@ -302,6 +328,15 @@ def test_bls_to_an_ensemble_from_a_stub(repo: ModelRepository) -> None:
     model = repo.load("bls_chain")
     np.testing.assert_array_equal(model.infer({"IN": np.array([1, 2], np.int32)})["OUT"],
                                   [30, 40])  # fmt: skip
+
+
+def test_bls_to_a_decoupled_ensemble_streams_its_responses(repo: ModelRepository) -> None:
+    model = repo.load("bls_fan_out")
+    np.testing.assert_array_equal(model.infer({"IN": np.array([5, 6], np.int32)})["OUT"],
+                                  [6, 7])  # fmt: skip
+    fan_out = repo.shared_model("fan_out", -1, True)
+    got = [o["OUT"].tolist() for o in fan_out.stream({"IN": np.array([1, 2], np.int32)})]
+    assert got == [[2], [3]]
 
 
 def test_stub_to_stub_hops_reuse_the_pool_records(tmp_path: Path) -> None:
