@@ -152,6 +152,34 @@ BLS_DECOUPLED = (
 )
 
 
+MARKER = (
+    ADD_ONE[0],
+    """
+    PARAMETERS = [{}, {"sequence_id": 42, "sequence_start": True, "sequence_end": True},
+                  {"sequence_start": 1}]
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)],
+                                                      parameters=PARAMETERS[int(x[0])]))
+            return out
+    """,
+)
+
+ECHO_SEQUENCE = (
+    ADD_ONE[0],
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", np.array([r.correlation_id(), r.flags()], np.int32))]) for r in requests]
+    """,
+)
+
+
 def step(model: str, inputs: dict[str, str], outputs: dict[str, str], version: int = -1) -> str:
     maps = "".join(f' input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
     maps += "".join(f' output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
@@ -190,7 +218,9 @@ def repo(tmp_path: Path) -> Iterator[ModelRepository]:
     root = build(tmp_path / "models", {
         "add_one": ADD_ONE, "add2": ADD2, "repeat": REPEAT, "raises": RAISES,
         "bls_chain": BLS_TO_ENSEMBLE, "chain": CHAIN, "unloader": UNLOADER,
-        "bls_fan_out": BLS_DECOUPLED,
+        "bls_fan_out": BLS_DECOUPLED, "marker": MARKER, "echo_sequence": ECHO_SEQUENCE,
+        "sequence": ensemble([step("marker", {"IN": "IN"}, {"OUT": "t"}),
+                              step("echo_sequence", {"IN": "t"}, {"OUT": "OUT"})]),
         "outer": ensemble([step("chain", {"IN": "IN"}, {"OUT": "c"}),
                            step("add_one", {"IN": "c"}, {"OUT": "OUT"})]),
         "fan_out": ensemble([step("add_one", {"IN": "r"}, {"OUT": "OUT"}),
@@ -301,6 +331,24 @@ def test_a_failing_step_fails_the_request_naming_the_ensemble(repo: ModelReposit
         model.infer({"IN": np.array([1], np.int32)})
     assert info.value.message().startswith("in ensemble 'fails', ")
     assert "step failed" in info.value.message()
+
+
+def test_step_response_sequence_parameters_override_the_next_step(
+    repo: ModelRepository,
+) -> None:
+    # core's ConsumeResponse: sequence_id / sequence_start / sequence_end response parameters
+    # of a step set the correlation id and flags of the steps its outputs feed.
+    model = repo.load("sequence", isolated=False)
+    out = model.infer({"IN": np.array([0], np.int32)}, correlation_id=7)
+    assert out["OUT"].tolist() == [7, 0]
+    out = model.infer({"IN": np.array([1], np.int32)}, correlation_id=7)
+    assert out["OUT"].tolist() == [42, 3]
+    with pytest.raises(InferenceError) as info:
+        model.infer({"IN": np.array([2], np.int32)}, correlation_id=7)
+    assert info.value.message() == (
+        "in ensemble 'sequence', expect parameter 'sequence_start' to be "
+        "TRITONSERVER_PARAMETER_BOOL")
+    assert info.value.code() == TritonError.INVALID_ARG
 
 
 def test_decoupled_step_each_response_flows_on(repo: ModelRepository) -> None:

@@ -12,7 +12,8 @@ from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
 from pb_tensor.runtime._calls import BlsResponses
 from pb_tensor.runtime._engines import StubEngine, StubFailure
-from pb_tensor.runtime._ensemble import EnsembleModel, is_ensemble, load_ensemble
+from pb_tensor.runtime._ensemble import EnsembleModel
+from pb_tensor.runtime._ensemble_load import is_ensemble, load_ensemble
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import (
     HostInfo,
