@@ -64,7 +64,7 @@ class _Run:
         iteration = self.counts.get(name, 0)
         self.counts[name] = iteration + 1
         self.values.setdefault(name, {})[iteration] = (tensor, batch_size, override)
-        self.remaining[(name, iteration)] = len(self.model.consumers.get(name, ()))
+        self.remaining[(name, iteration)] = len(self.model._consumers.get(name, ()))
         return name, iteration
 
     def release(self, tensors: Iterable[str], iteration: int) -> None:
@@ -81,11 +81,11 @@ class _Run:
     def ready_steps(self, updated: Iterable[tuple[str, int]]) -> list[tuple[int, int]]:
         found = []
         for name, iteration in updated:
-            for index in self.model.consumers.get(name, ()):
+            for index in self.model._consumers.get(name, ()):
                 key = (index, iteration)
                 if key in self.launched:
                     continue
-                step = self.model.steps[index]
+                step = self.model._steps[index]
                 if all(iteration in self.values.get(t, {}) for _, t, _ in step.inputs):
                     self.launched.add(key)
                     found.append(key)
@@ -108,7 +108,7 @@ class _Run:
                 iteration
             )
             found.append((name, value[0], value[1]))
-        tensors = self.model.outputs(self.data, found)
+        tensors = self.model._outputs(self.data, found)
         self.responses += 1
         return Reply(0, tensors, None, "{}", 0, True)
 
@@ -142,20 +142,20 @@ class EnsembleModel(LoadedModel):
             repository, name=name, version=version, config=config, spec=spec,
             isolated=isolated, decoupled=decoupled, instance_name="", timeout=timeout,
         )  # fmt: skip
-        self.steps = steps
-        self.optional_inputs = optional_inputs
-        self.output_dims = output_dims
-        self.consumers: dict[str, list[int]] = {}
+        self._steps = steps
+        self._optional_inputs = optional_inputs
+        self._output_dims = output_dims
+        self._consumers: dict[str, list[int]] = {}
         for index, step in enumerate(steps):
             for tensor in dict.fromkeys(t for _, t, _ in step.inputs):
-                self.consumers.setdefault(tensor, []).append(index)
+                self._consumers.setdefault(tensor, []).append(index)
         self._live = True
-        self.ordered = [steps[i] for i in dataflow_order(steps, [i.name for i in spec.inputs])]
+        self._ordered = [steps[i] for i in dataflow_order(steps, [i.name for i in spec.inputs])]
 
     @property
     def composing_models(self) -> list[LoadedModel]:
         """The models the steps run, in step order (one entry per distinct model)."""
-        return list(dict.fromkeys(s.model for s in self.steps))
+        return list(dict.fromkeys(s.model for s in self._steps))
 
     @property
     def loaded(self) -> bool:
@@ -167,7 +167,7 @@ class EnsembleModel(LoadedModel):
         """None: an ensemble has no process of its own."""
         return None
 
-    def request_batch(self, data: RequestData) -> int:
+    def _request_batch(self, data: RequestData) -> int:
         """The batch size of a request to the ensemble (0 without batching)."""
         if self._spec.max_batch_size <= 0:
             return 0
@@ -177,16 +177,16 @@ class EnsembleModel(LoadedModel):
                 return int(shape[0])
         return 0
 
-    def outputs(
+    def _outputs(
         self, data: RequestData, values: Iterable[tuple[str, Tensor | None, int]]
     ) -> list[Tensor]:
         """The response tensors of ``values`` (ensemble output, tensor, its batch size):
         named and shaped as the ensemble's outputs (a missing optional one left out)."""
-        batching = self.request_batch(data) != 0
+        batching = self._request_batch(data) != 0
         tensors = []
         for name, tensor, batch_size in values:
             if tensor is not None:
-                shape = reshaped(self.output_dims[name], batching, batch_size,
+                shape = reshaped(self._output_dims[name], batching, batch_size,
                                   tuple(tensor.shape()))  # fmt: skip
                 tensors.append(renamed(tensor, name, shape))
         return tensors
@@ -235,12 +235,12 @@ class EnsembleModel(LoadedModel):
         refused = self._refusal(data)
         if refused is not None:
             return refused
-        batch_size = self.request_batch(data)
+        batch_size = self._request_batch(data)
         values: dict[str, Value] = {t.name(): (t, batch_size, None) for t in data.inputs}
-        for name in self.optional_inputs:
+        for name in self._optional_inputs:
             values.setdefault(name, (None, batch_size, None))
         pooled_ids: set[int] = set()
-        for step in self.ordered:
+        for step in self._ordered:
             if cancel is not None and cancel.cancelled:
                 return self._failed(cancelled_error())
             request, step_batch = step_request(step, values.__getitem__, pooled_ids, data)
@@ -264,7 +264,7 @@ class EnsembleModel(LoadedModel):
             for output, tensor_name in step.outputs.items():
                 values[tensor_name] = (produced.get(output), step_batch, override)
         found = [(name, values[name][0], values[name][1]) for name in data.requested_outputs]
-        return Reply(0, self.outputs(data, found), None, "{}", FINAL, True)
+        return Reply(0, self._outputs(data, found), None, "{}", FINAL, True)
 
     def _run_batch(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None
@@ -282,10 +282,10 @@ class EnsembleModel(LoadedModel):
             yield refused
             return
         run = _Run(self, data)
-        batch_size = self.request_batch(data)
+        batch_size = self._request_batch(data)
         updated = [run.add(t.name(), t, batch_size) for t in data.inputs]
         given = {t.name() for t in data.inputs}
-        updated.extend(run.add(n, None, batch_size) for n in self.optional_inputs
+        updated.extend(run.add(n, None, batch_size) for n in self._optional_inputs
                        if n not in given)  # fmt: skip
         held: Reply | None = None
         for reply in self._advance(run, updated, timeout, cancel):
@@ -329,7 +329,7 @@ class EnsembleModel(LoadedModel):
         if cancel is not None and cancel.cancelled:
             run.error = cancelled_error()
             return
-        step = self.steps[index]
+        step = self._steps[index]
         values = run.values
         request, batch_size = step_request(
             step, lambda name: values[name][iteration], run.pooled, run.data
