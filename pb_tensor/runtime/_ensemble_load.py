@@ -24,12 +24,25 @@ from pb_tensor.runtime._validate import ModelSpec
 if TYPE_CHECKING:
     from pb_tensor.runtime._repository import ModelRepository
 
-__all__ = ["is_ensemble", "load_ensemble"]
+__all__ = ["check_ensemble_config", "is_ensemble", "load_ensemble"]
 
 
 def is_ensemble(config: Any) -> bool:
     """Whether a configuration asks for Triton's ensemble scheduler."""
     return bool(config.platform == ENSEMBLE_PLATFORM or config.HasField("ensemble_scheduling"))
+
+
+def check_ensemble_config(config: Any, name: str, model_dir: str) -> None:
+    """The checks of an ensemble's own configuration, which Triton makes before it looks at
+    versions or composing models.
+
+    Raises:
+        ModelLoadError: Triton's message.
+    """
+    try:
+        check_scheduling(config, os.path.basename(os.path.normpath(model_dir)))
+    except EnsembleConfigError as exc:
+        raise ModelLoadError(f"failed to load model '{name}': {exc}") from None
 
 
 def _steps_of(repository: ModelRepository, name: str) -> list[str] | None:
@@ -75,17 +88,19 @@ def load_ensemble(
         cycle = dependency_cycle(name, lambda n: _steps_of(repository, n))
         if cycle is not None:
             raise cycle
-        models: dict[str, LoadedModel] = {}
         for step_name, step_version in step_models(config):
-            if step_name in models:
-                continue
             if step_version > 0 and step_version not in repository.versions(step_name):
                 raise EnsembleConfigError(
                     f"ensemble '{name}' depends on '{step_name}' whose required version "
                     f"{step_version} is not loaded.")
+        models: dict[tuple[str, int], LoadedModel] = {}
+        for step_name, step_version in step_models(config):
+            key = (step_name, step_version if step_version > 0 else -1)
+            if key in models:
+                continue
             try:
-                models[step_name] = repository.shared_model(
-                    step_name, step_version, isolated, timeout)
+                models[key] = repository.shared_model(step_name, step_version, isolated,
+                                                      timeout)  # fmt: skip
             except ModelLoadError as exc:
                 nested = _steps_of(repository, step_name) is not None
                 if nested:
@@ -95,9 +110,10 @@ def load_ensemble(
                 raise EnsembleConfigError(
                     f"ensemble '{name}' depends on '{step_name}' which has no loaded "
                     f"version. Model '{step_name}' loading failed with error: {exc}") from None
+        # One configuration per model, whatever the version (Triton's layout).
         completed = {
             n: _schema.config_from_dict(m.config, where=f"model '{n}'")
-            for n, m in models.items()
+            for (n, _), m in models.items()
         }
         decoupled = check_against_models(config, completed)
     except EnsembleConfigError as exc:
@@ -106,7 +122,7 @@ def load_ensemble(
     steps = []
     for step in config.ensemble_scheduling.step:
         model_config = completed[step.model_name]
-        model = models[step.model_name]
+        model = models[(step.model_name, step.model_version if step.model_version > 0 else -1)]
         dims = {i.name: tuple(i.dims) for i in model_config.input}
         steps.append(Step(
             model,

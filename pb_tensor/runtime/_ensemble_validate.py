@@ -112,11 +112,7 @@ def check_scheduling(config: Any, dir_name: str) -> None:
         EnsembleConfigError: Triton's message for the first rule the configuration breaks.
     """
     name = config.name
-    if config.name != dir_name:
-        raise EnsembleConfigError(
-            f"unexpected directory name '{dir_name}' for model '{config.name}', directory "
-            "name must equal model name")
-    if config.backend:
+    if config.backend and config.platform == ENSEMBLE_PLATFORM:
         raise EnsembleConfigError(
             f"Ensemble model '{name}' must have platform type '{config.platform}' and empty "
             "backend type")
@@ -124,6 +120,10 @@ def check_scheduling(config: Any, dir_name: str) -> None:
         raise EnsembleConfigError(f"'max_batch_size' must be non-negative value for {name}")
     _check_io(config.input, "model input ", name)
     _check_io(config.output, "model output ", name)
+    if config.platform != ENSEMBLE_PLATFORM:
+        raise EnsembleConfigError(
+            f"ensemble scheduling cannot be set for model '{name}' whose platform is not "
+            f"{ENSEMBLE_PLATFORM}")
     if not config.HasField("ensemble_scheduling"):
         raise EnsembleConfigError(
             f"ensemble scheduling must be set for ensemble {name} whose platform is "
@@ -184,6 +184,10 @@ def check_scheduling(config: Any, dir_name: str) -> None:
         if not node.ready or not node.next:
             raise EnsembleConfigError(
                 f"ensemble tensor '{tensor_name}' is unused in ensemble '{name}'")
+    if config.name != dir_name:
+        raise EnsembleConfigError(
+            f"unexpected directory name '{dir_name}' for model '{config.name}', directory "
+            "name must equal model name")
 
 
 def dependency_cycle(

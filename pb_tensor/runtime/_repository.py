@@ -13,7 +13,7 @@ from pb_tensor.runtime import _schema
 from pb_tensor.runtime._calls import BlsResponses
 from pb_tensor.runtime._engines import StubEngine, StubFailure
 from pb_tensor.runtime._ensemble import EnsembleModel
-from pb_tensor.runtime._ensemble_load import is_ensemble, load_ensemble
+from pb_tensor.runtime._ensemble_load import check_ensemble_config, is_ensemble, load_ensemble
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import (
     HostInfo,
@@ -223,6 +223,8 @@ class ModelRepository:
         except _schema.ConfigError as exc:
             raise ModelLoadError(f"failed to load model '{name}': {exc}") from None
         _schema.normalize(config, name)
+        if is_ensemble(config):
+            check_ensemble_config(config, name, model_dir)
         versions = self._version_dirs(model_dir)
         if not versions:
             hint = ""
