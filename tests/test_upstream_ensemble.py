@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -111,3 +112,152 @@ def test_l0_model_config_ensemble_successes(tmp_path: Path, target: str) -> None
         assert set(out) == {o["name"] for o in got["output"]}
         for name, value in out.items():
             np.testing.assert_array_equal(value.ravel(), np.arange(value.size), err_msg=name)
+
+
+# -- qa/L0_decoupled: decoupled steps inside ensembles ------------------------------------------
+L0_DECOUPLED = UPSTREAM / "server" / "qa" / "L0_decoupled"
+DECOUPLED_EXAMPLES = UPSTREAM / "python_backend" / "examples" / "decoupled"
+
+# test.sh copies qa's libtorch_nobatch_int32_int32_int32 with its dims set to [ 1 ]; fan_repeat
+# reads its OUTPUT__1, which decoupled_test.py's _fan_validate expects to be 2 * IN for
+# INPUT0 == INPUT1: the sum. The same model in Python:
+LIBTORCH_NOBATCH_ADD_SUB = (
+    """
+    name: "libtorch_nobatch_int32_int32_int32"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] },
+            { name: "INPUT1" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [ { name: "OUTPUT__0" data_type: TYPE_INT32 dims: [ 1 ] },
+             { name: "OUTPUT__1" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    """,
+    """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT__0", a - b),
+                                                   pb_utils.Tensor("OUTPUT__1", a + b)]))
+        return out
+""",
+)
+
+
+@pytest.fixture(scope="module")
+def decoupled_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """test.sh's python trial: the ensembles of qa/L0_decoupled/models, repeat_int32 and
+    square_int32 from python_backend's decoupled examples (as their README names them),
+    identity_int32 with a Python identity model."""
+    import textwrap
+
+    root = tmp_path_factory.mktemp("decoupled")
+    for model in (L0_DECOUPLED / "models").iterdir():
+        shutil.copytree(model, root / model.name)
+        (root / model.name / "1").mkdir()
+    identity = root / "identity_int32" / "config.pbtxt"
+    identity.write_text(identity.read_text().replace('backend: "identity"',
+                                                     'backend: "python"'))  # fmt: skip
+    (root / "identity_int32" / "1" / "model.py").write_text(IDENTITY)
+    for name, stem in (("repeat_int32", "repeat"), ("square_int32", "square")):
+        (root / name / "1").mkdir(parents=True)
+        shutil.copy(DECOUPLED_EXAMPLES / f"{stem}_model.py", root / name / "1" / "model.py")
+        shutil.copy(DECOUPLED_EXAMPLES / f"{stem}_config.pbtxt", root / name / "config.pbtxt")
+    config, code = LIBTORCH_NOBATCH_ADD_SUB
+    (root / "libtorch_nobatch_int32_int32_int32" / "1").mkdir(parents=True)
+    (root / "libtorch_nobatch_int32_int32_int32" / "config.pbtxt").write_text(
+        textwrap.dedent(config))
+    (root / "libtorch_nobatch_int32_int32_int32" / "1" / "model.py").write_text(code)
+    return root
+
+
+def _fan_validate(result_list: list[dict[str, Any]], data_offset: int, repeat_count: int) -> None:
+    # fan_repeat returns "2 * data_offset" as result
+    assert len(result_list) == repeat_count
+    expected_data = 2 * data_offset
+    for j in range(len(result_list)):
+        this_data = result_list[j]["OUT"]
+        assert len(this_data) == 1
+        assert this_data[0] == expected_data
+        expected_data += 2
+
+
+def _nested_validate(result_list: list[dict[str, Any]], data_offset: int,
+                     repeat_count: int) -> None:  # fmt: skip
+    # if repeat model returns repeat result n, repeat_square-like model
+    # will return the same result n times
+    expected_len = sum(x for x in range(data_offset, data_offset + repeat_count))
+    assert len(result_list) == expected_len
+    expected_data = data_offset
+    expected_count = expected_data
+    for j in range(len(result_list)):
+        this_data = result_list[j]["OUT"]
+        assert len(this_data) == 1
+        assert this_data[0] == expected_data
+        expected_count -= 1
+        if expected_count == 0:
+            expected_data += 1
+            expected_count = expected_data
+
+
+TRIALS = [
+    ("repeat_int32", None),
+    ("simple_repeat", None),
+    ("sequence_repeat", None),
+    ("fan_repeat", _fan_validate),
+    ("repeat_square", _nested_validate),
+    ("nested_square", _nested_validate),
+]
+
+
+@pytest.mark.parametrize(("model_name", "validate_fn"), TRIALS)
+@pytest.mark.parametrize("repeat_count", [0, 1, 4])
+def test_l0_decoupled_one_to_many(
+    decoupled_repository: Path, model_name: str, validate_fn: Any, repeat_count: int
+) -> None:
+    # decoupled_test.py _decoupled_infer (test_one_to_none / one_to_one / one_to_many with
+    # request_count=1), its delays and waits 0 and a data_offset small enough for the square
+    # models' sum(range(offset, offset + n)) responses to stay quick.
+    data_offset = 5
+    input_data = np.arange(start=data_offset, stop=data_offset + repeat_count, dtype=np.int32)
+    delay_data = np.ones([repeat_count], dtype=np.uint32) * 0
+    wait_data = np.array([0], dtype=np.uint32)
+    requested = ["OUT", "IDX"] if validate_fn is None else ["OUT"]
+    with ModelRepository(decoupled_repository) as repo:
+        model = repo.load(model_name, isolated=False)
+        assert model.decoupled
+        result_list = list(model.stream({"IN": input_data, "DELAY": delay_data,
+                                         "WAIT": wait_data}, requested_outputs=requested))
+        if validate_fn is None:
+            assert len(result_list) == repeat_count
+            expected_data = data_offset
+            for j in range(len(result_list)):
+                this_data = result_list[j]["OUT"]
+                assert len(this_data) == 1
+                assert this_data[0] == expected_data
+                this_idx = result_list[j]["IDX"]
+                assert len(this_idx) == 1
+                assert this_idx[0] == j
+                expected_data += 1
+        else:
+            validate_fn(result_list, data_offset, repeat_count)
+
+
+def test_l0_decoupled_trials_in_stub_processes(decoupled_repository: Path) -> None:
+    # The same trials with every model in its stub process (one repository for all).
+    data_offset, repeat_count = 5, 3
+    inputs = {"IN": np.arange(data_offset, data_offset + repeat_count, dtype=np.int32),
+              "DELAY": np.zeros([repeat_count], np.uint32), "WAIT": np.zeros([1], np.uint32)}
+    with ModelRepository(decoupled_repository) as repo:
+        for model_name, validate_fn in TRIALS:
+            requested = ["OUT", "IDX"] if validate_fn is None else ["OUT"]
+            result_list = list(repo.load(model_name).stream(inputs, requested_outputs=requested))
+            if validate_fn is None:
+                assert [r["OUT"].tolist() for r in result_list] == [[5], [6], [7]]
+                assert [r["IDX"].tolist() for r in result_list] == [[0], [1], [2]]
+            else:
+                validate_fn(result_list, data_offset, repeat_count)
