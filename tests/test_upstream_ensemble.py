@@ -261,3 +261,75 @@ def test_l0_decoupled_trials_in_stub_processes(decoupled_repository: Path) -> No
                 assert [r["IDX"].tolist() for r in result_list] == [[0], [1], [2]]
             else:
                 validate_fn(result_list, data_offset, repeat_count)
+
+
+# -- qa/L0_optional_input: optional inputs through ensembles -------------------------------------
+L0_OPTIONAL_INPUT = UPSTREAM / "server" / "qa" / "L0_optional_input"
+
+# identity_2_float32 runs Triton's identity backend: each provided input comes back as its
+# output. The same in Python (its dynamic batching, which the test times, left as configured).
+IDENTITY_OPTIONAL = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            out = []
+            for tidx in ("0", "1"):
+                t = pb_utils.get_input_tensor_by_name(r, "INPUT" + tidx)
+                if t is not None:
+                    out.append(pb_utils.Tensor("OUTPUT" + tidx, t.as_numpy()))
+            responses.append(pb_utils.InferenceResponse(out))
+        return responses
+'''
+
+
+@pytest.fixture(scope="module")
+def optional_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """test.sh's layout: every model of qa/L0_optional_input/models with a version folder."""
+    root = tmp_path_factory.mktemp("optional")
+    for model in (L0_OPTIONAL_INPUT / "models").iterdir():
+        shutil.copytree(model, root / model.name, dirs_exist_ok=True)
+        (root / model.name / "1").mkdir(exist_ok=True)
+    identity = root / "identity_2_float32" / "config.pbtxt"
+    identity.write_text(identity.read_text().replace('backend: "identity"',
+                                                     'backend: "python"'))  # fmt: skip
+    (root / "identity_2_float32" / "1" / "model.py").write_text(IDENTITY_OPTIONAL)
+    return root
+
+
+INPUT_DATA = {"INPUT0": np.ones(shape=(1, 1), dtype=np.float32),
+              "INPUT1": np.zeros(shape=(1, 1), dtype=np.float32)}  # fmt: skip
+OUTPUTS = {"INPUT0": "OUTPUT0", "INPUT1": "OUTPUT1"}
+
+
+@pytest.mark.parametrize("provided_inputs", [("INPUT0", "INPUT1"), ("INPUT1",), ("INPUT0",)])
+def test_l0_optional_input_ensemble_wrapper(
+    optional_repository: Path, provided_inputs: tuple[str, ...]
+) -> None:
+    # optional_input_test.py test_ensemble_all_inputs / optional_same_input / mix_inputs:
+    # check_response's value checks (its timing thresholds and statistics are the dynamic
+    # batcher's).
+    with ModelRepository(optional_repository) as repo:
+        model = repo.load("ensemble_identity_2_float32", isolated=False)
+        results = model.infer({n: INPUT_DATA[n] for n in provided_inputs},
+                              requested_outputs=[OUTPUTS[n] for n in provided_inputs])
+        for provided_input in provided_inputs:
+            output_data = results[OUTPUTS[provided_input]]
+            assert np.array_equal(output_data, INPUT_DATA[provided_input])
+
+
+def test_l0_optional_input_ensemble_optional_connecting_tensor(
+    optional_repository: Path,
+) -> None:
+    # optional_input_test.py test_ensemble_optional_connecting_tensor: the request gives only
+    # INPUT0, so the first optional_identity step produces no internal_output1, and the
+    # second step runs without its optional INPUT1.
+    with ModelRepository(optional_repository) as repo:
+        model = repo.load("optional_connecting_tensor")
+        results = model.infer({"INPUT0": INPUT_DATA["INPUT0"]}, requested_outputs=["OUTPUT0"])
+        expected = INPUT_DATA["INPUT0"]
+        output_data = results["OUTPUT0"]
+        assert np.array_equal(output_data, expected)
