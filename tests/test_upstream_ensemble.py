@@ -333,3 +333,43 @@ def test_l0_optional_input_ensemble_optional_connecting_tensor(
         expected = INPUT_DATA["INPUT0"]
         output_data = results["OUTPUT0"]
         assert np.array_equal(output_data, expected)
+
+
+# -- qa/L0_parameters: request parameters reach every step ---------------------------------------
+L0_PARAMETERS = UPSTREAM / "server" / "qa" / "L0_parameters"
+
+
+@pytest.mark.parametrize("parameters", [
+    {"key1": "value1", "key2": "value2"},
+    {"key1": 1, "key2": 2},
+    {"key1": 123.123, "key2": 321.321},
+    {"key1": True, "key2": "value2"},
+])  # fmt: skip
+def test_l0_parameters_through_an_ensemble(tmp_path: Path, parameters: dict[str, Any]) -> None:
+    # parameters_test.py test_params, its ensemble row (send_request_and_verify with
+    # model_name="ensemble", then verify_outputs). test.sh gives identity and ensemble a
+    # version folder; identity runs Triton's identity backend, here the Python identity.
+    shutil.copytree(L0_PARAMETERS / "model_repository", tmp_path / "models")
+    root = tmp_path / "models"
+    for name in ("identity", "ensemble"):
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+    identity = root / "identity" / "config.pbtxt"
+    identity.write_text(identity.read_text().replace('backend: "identity"',
+                                                     'backend: "python"'))  # fmt: skip
+    (root / "identity" / "1" / "model.py").write_text(IDENTITY)
+    with ModelRepository(root) as repo:
+        result = repo.load("ensemble", isolated=False).infer(
+            {"INPUT0": np.array([1.0], np.float32)}, parameters=parameters)
+    expected_headers: dict[str, str] = {}
+    keys = result["key"]
+    values = result["value"]
+    keys = keys.astype(str).tolist()
+    expected_keys = list(parameters.keys()) + list(expected_headers.keys())
+    assert set(keys) == set(expected_keys)
+    # We have to convert the parameter values to string
+    expected_values = []
+    for expected_value in list(parameters.values()):
+        expected_values.append(str(expected_value))
+    for value in expected_headers.values():
+        expected_values.append(value)
+    assert set(values.astype(str).tolist()) == set(expected_values)
