@@ -219,7 +219,10 @@ def repo(tmp_path: Path) -> Iterator[ModelRepository]:
     root = build(tmp_path / "models", {
         "add_one": ADD_ONE, "add2": ADD2, "repeat": REPEAT, "raises": RAISES,
         "bls_chain": BLS_TO_ENSEMBLE, "chain": CHAIN, "unloader": UNLOADER,
-        "bls_fan_out": BLS_DECOUPLED, "marker": MARKER, "echo_sequence": ECHO_SEQUENCE,
+        "bls_fan_out": BLS_DECOUPLED,
+        "bls_step": ensemble([step("bls_chain", {"IN": "IN"}, {"OUT": "b"}),
+                              step("add_one", {"IN": "b"}, {"OUT": "OUT"})]),
+        "marker": MARKER, "echo_sequence": ECHO_SEQUENCE,
         "sequence": ensemble([step("marker", {"IN": "IN"}, {"OUT": "t"}),
                               step("echo_sequence", {"IN": "t"}, {"OUT": "OUT"})]),
         "outer": ensemble([step("chain", {"IN": "IN"}, {"OUT": "c"}),
@@ -377,6 +380,14 @@ def test_bls_to_an_ensemble_from_a_stub(repo: ModelRepository) -> None:
     model = repo.load("bls_chain")
     np.testing.assert_array_equal(model.infer({"IN": np.array([1, 2], np.int32)})["OUT"],
                                   [30, 40])  # fmt: skip
+
+
+@pytest.mark.parametrize("isolated", [True, False])
+def test_bls_inside_a_step(repo: ModelRepository, isolated: bool) -> None:
+    # bls_chain's execute calls the chain ensemble through BLS while it runs as a step.
+    model = repo.load("bls_step", isolated=isolated)
+    np.testing.assert_array_equal(model.infer({"IN": np.array([1, 2], np.int32)})["OUT"],
+                                  [31, 41])  # fmt: skip
 
 
 def test_bls_to_a_decoupled_ensemble_streams_its_responses(repo: ModelRepository) -> None:
