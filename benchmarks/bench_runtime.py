@@ -10,6 +10,8 @@ Targets (issue 11):
 * scheduling (issue 19): add_sub with ``dynamic_batching`` and 16 concurrent callers, stub
   process, at least 4x the throughput of the same model without it (mean batch size
   printed); two instances of a model that sleeps 10 ms at least 1.8x the throughput of one.
+* an ensemble of two add_sub steps: at most 1.2x calling the two models in sequence from
+  Python (issue 19), isolated and in-process.
 
 Usage: ``python benchmarks/bench_runtime.py [--quick]``. Medians of repeated runs; ratios are
 computed within the run from interleaved rounds, so machine speed and load changes cancel
@@ -43,6 +45,53 @@ from pb_tensor.utils import Tensor  # noqa: E402
 from pb_tensor.utils._context import make_request  # noqa: E402
 
 EXAMPLES = os.path.join(ROOT, "examples", "model_repository")
+
+_TWICE = """
+platform: "ensemble"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+    output_map { key: "OUTPUT0" value: "sum" } output_map { key: "OUTPUT1" value: "diff" } },
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "diff" }
+    output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" } }
+] }
+"""
+
+
+def _ensemble_rows(
+    report: Callable[..., None], lines: list[str], repeat: int, min_time: float
+) -> None:
+    """An ensemble of two add_sub steps against calling add_sub twice from Python."""
+    a16 = np.arange(16, dtype=np.float32)
+    b16 = np.ones(16, dtype=np.float32)
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(os.path.join(EXAMPLES, "add_sub"), os.path.join(tmp, "add_sub"))
+        os.makedirs(os.path.join(tmp, "add_sub_twice", "1"))
+        with open(os.path.join(tmp, "add_sub_twice", "config.pbtxt"), "w") as f:
+            f.write(_TWICE)
+        with ModelRepository(tmp) as repo:
+            for label, isolated in (("stub processes", True), ("in-process", False)):
+                ensemble = repo.load("add_sub_twice", isolated=isolated)
+                model = repo.shared_model("add_sub", -1, isolated)
+
+                def sequence(model: Any = model) -> Any:
+                    first = model.infer({"INPUT0": a16, "INPUT1": b16})
+                    return model.infer({"INPUT0": first["OUTPUT0"], "INPUT1": first["OUTPUT1"]})
+
+                def ensembled(ensemble: Any = ensemble) -> Any:
+                    return ensemble.infer({"INPUT0": a16, "INPUT1": b16})
+
+                np.testing.assert_array_equal(ensembled()["OUTPUT0"], sequence()["OUTPUT0"])
+                seq_us, ens_us, ratio = _paired_us(sequence, ensembled, repeat, min_time)
+                lines.append(f"ensemble of two add_sub steps, {label}, two (16,) float32 inputs")
+                report("  add_sub called twice from Python", f"{seq_us:9.1f} us")
+                report("  the ensemble (target <= 1.2x)", f"{ens_us:9.1f} us", ratio, 1.2)
+                ensemble.unload()
 
 
 def _calls_for(fn: Callable[[], object], min_time: float) -> int:
@@ -295,6 +344,7 @@ def main() -> int:
         lines.append("stream of add_sub requests, two (16,) float32 inputs")
         report("  in-process", f"{inproc_rps:9.0f} req/s")
         report("  isolated (stub process)", f"{iso_rps:9.0f} req/s")
+    _ensemble_rows(report, lines, repeat, min_time)
 
     _scheduling(args.quick, report, lines)
 

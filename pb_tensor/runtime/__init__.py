@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pb_tensor.runtime._calls import InferFuture, ResponseStream
+    from pb_tensor.runtime._ensemble import EnsembleModel
     from pb_tensor.runtime._errors import InferenceError, ModelLoadError
     from pb_tensor.runtime._model import LoadedModel
     from pb_tensor.runtime._repository import ModelRepository, example_repository
     from pb_tensor.runtime._values import Outputs
 
 __all__ = [
+    "EnsembleModel",
     "InferFuture",
     "InferenceError",
     "LoadedModel",
@@ -44,6 +46,7 @@ __all__ = [
 logging.getLogger("pb_tensor.runtime").addHandler(logging.NullHandler())
 
 _WHERE = {
+    "EnsembleModel": "pb_tensor.runtime._ensemble",
     "InferenceError": "pb_tensor.runtime._errors",
     "ModelLoadError": "pb_tensor.runtime._errors",
     "LoadedModel": "pb_tensor.runtime._model",

@@ -243,9 +243,10 @@ class StubEngine:
         tensors: list[Tensor] = []
         body = []
         for r in batch:
-            tensors.extend(r.inputs)
+            names = None if r.pooled is None else [t.name() for t in r.inputs]
+            tensors.extend(r.inputs if r.pooled is None else r.pooled)
             body.append((len(r.inputs), r.requested_outputs, r.request_id, r.correlation_id,
-                         r.flags, r.parameters, r.timeout_us))
+                         r.flags, r.parameters, r.timeout_us, names))
         unsubscribe: list[Callable[[], None]] = []
         try:
             self._sync_log_level(channel)

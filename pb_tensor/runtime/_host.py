@@ -116,6 +116,10 @@ class RequestData:
     timeout_us: int = 0
     # True once requested_outputs holds what validation of this request gave.
     validated: bool = False
+    # Tensors already in the shared-memory pool to send to a stub in place of ``inputs``
+    # (same data, other names: an ensemble's step outputs feeding the next step); the stub
+    # names them as ``inputs`` are named, so that nothing is copied on the way.
+    pooled: list[Tensor] | None = None
 
 
 Sink = Callable[[int, InferenceResponse | None, int], None]

@@ -12,6 +12,8 @@ from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
 from pb_tensor.runtime._calls import BlsResponses
 from pb_tensor.runtime._engines import Handler, StubEngine, StubFailure
+from pb_tensor.runtime._ensemble import EnsembleModel
+from pb_tensor.runtime._ensemble_load import check_ensemble_config, is_ensemble, load_ensemble
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import (
     HostInfo,
@@ -227,6 +229,8 @@ class ModelRepository:
         except _schema.ConfigError as exc:
             raise ModelLoadError(f"failed to load model '{name}': {exc}") from None
         _schema.normalize(config, name)
+        if is_ensemble(config):
+            check_ensemble_config(config, name, model_dir)
         versions = self._version_dirs(model_dir)
         if not versions:
             hint = ""
@@ -249,6 +253,12 @@ class ModelRepository:
             model_dir, str(version), config.default_model_filename or _schema.PYTHON_FILENAME
         )
         where = f"model '{name}' version {version} ({model_path})"
+        if is_ensemble(config):
+            ensemble = load_ensemble(self, config, name=name, version=version,
+                                     model_dir=model_dir, isolated=isolated, timeout=timeout)
+            with self._lock:
+                self._models.append(ensemble)
+            return ensemble
         if config.backend != _schema.PYTHON_BACKEND:
             raise ModelLoadError(
                 f"failed to load {where}: backend {config.backend!r}: only Python models run "
@@ -346,6 +356,25 @@ class ModelRepository:
                 raise failure
         return [Instance(e, info.instance_name) for e, info in zip(engines, infos)]
 
+    def shared_model(
+        self, name: str, version: int, isolated: bool, timeout: float | None = None
+    ) -> LoadedModel:
+        """Model ``name`` (``version``, or the latest when it is not positive) as BLS requests
+        and ensembles share it: loaded on first use in ``isolated`` mode, then reused.
+
+        Raises:
+            ModelLoadError: as :meth:`load`.
+        """
+        key = (name, version if version > 0 else -1, isolated)
+        with self._lock:
+            model = self._bls.get(key)
+            if model is not None and model.loaded:
+                return model
+            model = self.load(name, version=version if version > 0 else None,
+                              isolated=isolated, timeout=timeout)
+            self._bls[key] = model
+            return model
+
     def bls_target(
         self, name: str, version: int, isolated: bool, timeout: float | None = None
     ) -> LoadedModel:
@@ -373,15 +402,12 @@ class ModelRepository:
                     f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
                 )
             try:
-                model = self.load(name, version=version if version > 0 else None,
-                                  isolated=isolated, timeout=timeout)
+                return self.shared_model(name, version, isolated, timeout)
             except ModelLoadError as exc:
                 raise InferenceError(
                     f"Request for unknown model: '{name}' is not found ({exc})",
                     TritonError.INVALID_ARG,
                 ) from None
-            self._bls[key] = model
-            return model
 
     def control(self, kind: str, payload: Any, isolated: bool) -> Any:
         """``pb_utils.load_model`` / ``unload_model`` / ``is_model_ready`` from a model."""
@@ -398,10 +424,14 @@ class ModelRepository:
             self.bls_target(name, -1, isolated)
             return None
         if kind == "unload_model":
-            name, _ = payload
+            name, unload_dependents = payload
             with self._lock:
                 for key in [k for k in self._bls if k[0] == name]:
-                    self._bls.pop(key).unload()
+                    model = self._bls.pop(key)
+                    if isinstance(model, EnsembleModel):
+                        model.unload(unload_dependents=bool(unload_dependents))
+                    else:
+                        model.unload()
             return None
         if kind == "is_model_ready":
             name, version = payload

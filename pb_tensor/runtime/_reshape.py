@@ -14,11 +14,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pb_tensor import Tensor
+import numpy as np
+
+from pb_tensor import Tensor, TritonDtype
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._seam import InferenceResponse, TritonError
 
-__all__ = ["OutputReshapes", "output_reshapes", "reshape_outputs"]
+__all__ = ["OutputReshapes", "output_reshapes", "renamed", "reshape_outputs"]
 
 _Reshape = tuple[tuple[int, ...], tuple[int, ...]]
 OutputReshapes = Mapping[str, _Reshape]
@@ -108,3 +110,35 @@ def _product(shape: list[int]) -> int:
     for dim in shape:
         count *= dim
     return count
+
+
+# Data types whose CPU tensors are plain numpy arrays (BF16 is not: numpy has no bfloat16).
+_VIEWABLE = frozenset(TritonDtype) - {TritonDtype.TYPE_BF16, TritonDtype.TYPE_BYTES,
+                                      TritonDtype.TYPE_INVALID}
+
+
+def renamed(tensor: Tensor, name: str, shape: tuple[int, ...] | None = None) -> Tensor:
+    """``tensor`` named ``name`` (with ``shape``, same element count): itself when nothing
+    changes, else a view of its data (BYTES is re-encoded: its wire form has no view).
+
+    Raises:
+        TritonModelException: ``shape`` does not fit, or the data cannot be viewed.
+    """
+    have = tuple(tensor.shape())
+    if shape is None:
+        shape = have
+    if tensor.name() == name and have == shape:
+        return tensor
+    dtype = tensor.dtype
+    try:
+        if dtype is TritonDtype.TYPE_BYTES or (dtype in _VIEWABLE and tensor.is_cpu()):
+            # Tensor() keeps a contiguous numpy view as it is (no copy).
+            return Tensor(name, tensor.as_numpy().reshape(shape))
+        if have == shape:
+            return Tensor.from_dlpack(name, tensor)
+        return Tensor.from_dlpack(name, np.asarray(tensor.as_numpy()).reshape(shape))
+    except ValueError as exc:
+        raise TritonModelException(
+            f"cannot give tensor '{tensor.name()}' the name '{name}' and shape {list(shape)}: "
+            f"{exc}"
+        ) from None

@@ -36,6 +36,7 @@ from pb_tensor.runtime._host import (
     run_auto_complete,
 )
 from pb_tensor.runtime._placement import gpu_refusal, place
+from pb_tensor.runtime._reshape import renamed
 from pb_tensor.runtime._seam import (
     BLS_OUTSIDE_EXECUTE_MESSAGE,
     InferenceRequest,
@@ -352,10 +353,13 @@ class _Stub:
             return
         batch = []
         at = 0
-        for count, requested, request_id, correlation_id, flags, parameters, timeout in body:
+        for count, requested, request_id, correlation_id, flags, parameters, timeout, names in body:
+            inputs = tensors[at : at + count]
+            if names is not None:  # tensors of the pool sent as they are: name them here
+                inputs = [renamed(t, n) for t, n in zip(inputs, names)]
             batch.append(
-                RequestData(tensors[at : at + count], requested, request_id, correlation_id,
-                            flags, parameters, timeout)
+                RequestData(inputs, requested, request_id, correlation_id, flags, parameters,
+                            timeout)
             )  # fmt: skip
             at += count
         self.cancelled.clear()

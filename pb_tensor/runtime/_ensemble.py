@@ -1,0 +1,400 @@
+"""Ensembles (``platform: "ensemble"``): :class:`EnsembleModel` and its dataflow run.
+
+A request to an ensemble runs as Triton's ``EnsembleContext`` runs it: each ensemble tensor
+holds one value per *iteration* (a decoupled step adds one per response); a step runs for
+iteration ``k`` as soon as every tensor it maps has a value for ``k`` (the order of the steps
+in the file does not matter); a response goes out when every requested ensemble output has a
+value for the same iteration. Without decoupled steps every step runs once, in an order the
+dataflow allows. Tensors pass from step to step as the ``Tensor`` objects the steps answered
+with: a step running in a stub process answers with tensors that live in the repository's
+shared-memory pool, and the next stub gets the same records (its stub names them), so nothing
+is copied through the runtime process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pb_tensor import Tensor
+from pb_tensor.runtime._ensemble_steps import (
+    Override,
+    Step,
+    Value,
+    dataflow_order,
+    reshaped,
+    sequence_override,
+    step_request,
+)
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._host import RequestData
+from pb_tensor.runtime._model import LoadedModel
+from pb_tensor.runtime._reshape import renamed
+from pb_tensor.runtime._seam import TritonError
+from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
+from pb_tensor.runtime._validate import ModelSpec, validate_request
+
+if TYPE_CHECKING:
+    from pb_tensor.runtime._repository import ModelRepository
+
+__all__ = ["EnsembleModel"]
+
+
+class _Run:
+    """The state of one request to an ensemble (core's ``EnsembleContext``)."""
+
+    def __init__(self, model: EnsembleModel, data: RequestData, priority: int = 0) -> None:
+        self.model = model
+        self.data = data
+        # The ensemble request's priority, which core gives every step's request.
+        self.priority = priority
+        self.requested = list(data.requested_outputs)
+        # tensor name -> iteration -> (tensor or None for a missing optional one, batch size)
+        self.values: dict[str, dict[int, Value]] = {}
+        self.counts: dict[str, int] = {}
+        # (tensor name, iteration) -> the steps that still have to read it
+        self.remaining: dict[tuple[str, int], int] = {}
+        self.launched: set[tuple[int, int]] = set()
+        self.error: InferenceError | None = None
+        self.responses = 0
+        # ids of the stored tensors that a stub sent (their data is in the pool)
+        self.pooled: set[int] = set()
+
+    def add(
+        self, name: str, tensor: Tensor | None, batch_size: int, override: Override = None
+    ) -> tuple[str, int]:
+        iteration = self.counts.get(name, 0)
+        self.counts[name] = iteration + 1
+        self.values.setdefault(name, {})[iteration] = (tensor, batch_size, override)
+        self.remaining[(name, iteration)] = len(self.model._consumers.get(name, ()))
+        return name, iteration
+
+    def release(self, tensors: Iterable[str], iteration: int) -> None:
+        """A step read ``tensors`` of ``iteration``: drop each that no other step reads
+        and that is no requested output (core prunes them too)."""
+        for name in dict.fromkeys(tensors):
+            key = (name, iteration)
+            left = self.remaining.get(key, 0) - 1
+            self.remaining[key] = left
+            if left <= 0 and name not in self.requested:
+                self.values[name].pop(iteration, None)
+                del self.remaining[key]
+
+    def ready_steps(self, updated: Iterable[tuple[str, int]]) -> list[tuple[int, int]]:
+        found = []
+        for name, iteration in updated:
+            for index in self.model._consumers.get(name, ()):
+                key = (index, iteration)
+                if key in self.launched:
+                    continue
+                step = self.model._steps[index]
+                if all(iteration in self.values.get(t, {}) for _, t, _ in step.inputs):
+                    self.launched.add(key)
+                    found.append(key)
+        return found
+
+    def response(self, updated: Iterable[tuple[str, int]]) -> Reply | None:
+        """Core's ``CheckAndSetEnsembleOutput``: the ensemble's response for the iteration
+        an update completed, if it completed one."""
+        requested = self.requested
+        iteration = -1
+        for name, it in updated:
+            if name in requested and all(it in self.values.get(o, {}) for o in requested):
+                iteration = it
+        if iteration < 0:
+            return None
+        found = []
+        for name in requested:
+            entry = self.values[name]
+            value = entry[iteration] if self.remaining.get((name, iteration)) else entry.pop(
+                iteration
+            )
+            found.append((name, value[0], value[1]))
+        tensors = self.model._outputs(self.data, found)
+        self.responses += 1
+        return Reply(0, tensors, None, "{}", 0, True)
+
+
+class EnsembleModel(LoadedModel):
+    """A loaded ensemble: the calls of :class:`LoadedModel` (``infer``, ``infer_async``,
+    ``infer_many``, ``stream`` for a decoupled ensemble), each request running the steps
+    as a dataflow graph over the composing models. BLS requests reach it by name, as in
+    Triton.
+
+    Unloading it leaves the composing models loaded (Triton's ``unload``);
+    ``unload(unload_dependents=True)`` unloads them too.
+    """
+
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        name: str,
+        version: int,
+        config: dict[str, Any],
+        spec: ModelSpec,
+        isolated: bool,
+        decoupled: bool,
+        timeout: float | None,
+        steps: list[Step],
+        optional_inputs: list[str],
+        output_dims: dict[str, tuple[int, ...]],
+    ) -> None:
+        super().__init__(
+            repository, name=name, version=version, config=config, spec=spec,
+            isolated=isolated, decoupled=decoupled, instance_name="", timeout=timeout,
+        )  # fmt: skip
+        self._steps = steps
+        self._optional_inputs = optional_inputs
+        self._output_dims = output_dims
+        self._consumers: dict[str, list[int]] = {}
+        for index, step in enumerate(steps):
+            for tensor in dict.fromkeys(t for _, t, _ in step.inputs):
+                self._consumers.setdefault(tensor, []).append(index)
+        self._live = True
+        self._ordered = [steps[i] for i in dataflow_order(steps, [i.name for i in spec.inputs])]
+
+    @property
+    def composing_models(self) -> list[LoadedModel]:
+        """The models the steps run, in step order (one entry per distinct model)."""
+        return list(dict.fromkeys(s.model for s in self._steps))
+
+    @property
+    def loaded(self) -> bool:
+        """False once :meth:`unload` ran."""
+        return self._live
+
+    @property
+    def pid(self) -> int | None:
+        """None: an ensemble has no process of its own."""
+        return None
+
+    def _request_batch(self, data: RequestData) -> int:
+        """The batch size of a request to the ensemble (0 without batching)."""
+        if self._spec.max_batch_size <= 0:
+            return 0
+        for t in data.inputs:
+            shape = t.shape()
+            if shape:
+                return int(shape[0])
+        return 0
+
+    def _outputs(
+        self, data: RequestData, values: Iterable[tuple[str, Tensor | None, int]]
+    ) -> list[Tensor]:
+        """The response tensors of ``values`` (ensemble output, tensor, its batch size):
+        named and shaped as the ensemble's outputs (a missing optional one left out)."""
+        batching = self._request_batch(data) != 0
+        tensors = []
+        for name, tensor, batch_size in values:
+            if tensor is not None:
+                shape = reshaped(self._output_dims[name], batching, batch_size,
+                                  tuple(tensor.shape()))  # fmt: skip
+                tensors.append(renamed(tensor, name, shape))
+        return tensors
+
+    # -- running ------------------------------------------------------------------------------
+    def _replies(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None,
+        priority: int = 0,
+    ) -> Iterable[Reply]:
+        if self._decoupled:
+            return self._run_batch(batch, timeout, cancel, priority)
+        replies = []
+        for index, data in enumerate(batch):
+            reply = self._run_static(data, timeout, cancel, priority)
+            reply.index = index
+            replies.append(reply)
+        return replies
+
+    def _refusal(self, data: RequestData) -> Reply | None:
+        """The error reply of a request that cannot run (validated here otherwise)."""
+        if not self._live:
+            error = InferenceError(
+                f"Request for unknown model: '{self._name}' is not found",
+                TritonError.INVALID_ARG,
+            )
+            return Reply(0, [], error, "{}", FINAL, False)
+        if not data.validated:
+            try:
+                data.requested_outputs = validate_request(
+                    self._spec, data.inputs, data.requested_outputs, data.request_id
+                )
+            except InferenceError as exc:
+                return Reply(0, [], exc, "{}", FINAL, False)
+            data.validated = True
+        return None
+
+    def _failed(self, error: InferenceError) -> Reply:
+        return Reply(0, [], InferenceError(f"in ensemble '{self._name}', {error.message()}",
+                                           error.code()), "{}", FINAL, False)  # fmt: skip
+
+    def _run_static(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
+        priority: int = 0,
+    ) -> Reply:
+        """A request to an ensemble without decoupled steps: every step runs once, in an
+        order where each step's inputs exist before it runs (any such order gives the
+        dataflow's result)."""
+        refused = self._refusal(data)
+        if refused is not None:
+            return refused
+        batch_size = self._request_batch(data)
+        values: dict[str, Value] = {t.name(): (t, batch_size, None) for t in data.inputs}
+        for name in self._optional_inputs:
+            values.setdefault(name, (None, batch_size, None))
+        pooled_ids: set[int] = set()
+        for step in self._ordered:
+            if cancel is not None and cancel.cancelled:
+                return self._failed(cancelled_error())
+            request, step_batch = step_request(step, values.__getitem__, pooled_ids, data)
+            got: Reply | None = None
+            for reply in step.model._replies([request], timeout, cancel, priority):
+                if got is None and (reply.has_response or reply.error is not None):
+                    got = reply
+            if got is None:
+                produced: dict[str, Tensor] = {}
+                override: Override = None
+            else:
+                if got.error is not None:
+                    return self._failed(got.error)
+                produced = {t.name(): t for t in got.tensors}
+                try:
+                    override = sequence_override(got.parameters, request.correlation_id)
+                except InferenceError as exc:
+                    return self._failed(exc)
+            if step.pooled_outputs:
+                pooled_ids.update(id(t) for t in produced.values())
+            for output, tensor_name in step.outputs.items():
+                values[tensor_name] = (produced.get(output), step_batch, override)
+        found = [(name, values[name][0], values[name][1]) for name in data.requested_outputs]
+        return Reply(0, self._outputs(data, found), None, "{}", FINAL, True)
+
+    def _run_batch(
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None,
+        priority: int = 0,
+    ) -> Iterator[Reply]:
+        for index, data in enumerate(batch):
+            for reply in self._run_one(data, timeout, cancel, priority):
+                reply.index = index
+                yield reply
+
+    def _run_one(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
+        priority: int = 0,
+    ) -> Iterator[Reply]:
+        refused = self._refusal(data)
+        if refused is not None:
+            yield refused
+            return
+        run = _Run(self, data, priority)
+        batch_size = self._request_batch(data)
+        updated = [run.add(t.name(), t, batch_size) for t in data.inputs]
+        given = {t.name() for t in data.inputs}
+        updated.extend(run.add(n, None, batch_size) for n in self._optional_inputs
+                       if n not in given)  # fmt: skip
+        held: Reply | None = None
+        for reply in self._advance(run, updated, timeout, cancel):
+            if self._decoupled:
+                yield reply
+            elif held is None:
+                held = reply
+        if run.error is not None:
+            yield self._failed(run.error)
+            return
+        if held is not None:
+            held.flags = FINAL
+            yield held
+            return
+        if not self._decoupled:
+            tag = f"[request id: {data.request_id or '<id_unknown>'}] "
+            error = InferenceError(
+                f"in ensemble '{self._name}', {tag}unexpected deadlock, at least one output is "
+                "not set while no more ensemble steps can be made", TritonError.INVALID_ARG,
+            )  # fmt: skip
+            yield Reply(0, [], error, "{}", FINAL, False)
+            return
+        yield Reply(0, [], None, "{}", FINAL, False)
+
+    def _advance(
+        self, run: _Run, updated: list[tuple[str, int]], timeout: float | None,
+        cancel: Cancellation | None,
+    ) -> Iterator[Reply]:
+        response = run.response(updated)
+        if response is not None:
+            yield response
+        for index, iteration in run.ready_steps(updated):
+            if run.error is not None:
+                return
+            yield from self._run_step(run, index, iteration, timeout, cancel)
+
+    def _run_step(
+        self, run: _Run, index: int, iteration: int, timeout: float | None,
+        cancel: Cancellation | None,
+    ) -> Iterator[Reply]:
+        if cancel is not None and cancel.cancelled:
+            run.error = cancelled_error()
+            return
+        step = self._steps[index]
+        values = run.values
+        request, batch_size = step_request(
+            step, lambda name: values[name][iteration], run.pooled, run.data
+        )
+        run.release((t for _, t, _ in step.inputs), iteration)
+        replies = step.model._replies([request], timeout, cancel, run.priority)
+        try:
+            for reply in replies:
+                if reply.error is not None:
+                    run.error = reply.error
+                    return
+                if not reply.has_response:
+                    continue
+                try:
+                    override = sequence_override(reply.parameters, request.correlation_id)
+                except InferenceError as exc:
+                    run.error = exc
+                    return
+                produced = {t.name(): t for t in reply.tensors}
+                if step.pooled_outputs:
+                    run.pooled.update(id(t) for t in reply.tensors)
+                updated = [
+                    run.add(tensor_name, produced.get(output), batch_size, override)
+                    for output, tensor_name in step.outputs.items()
+                ]
+                yield from self._advance(run, updated, timeout, cancel)
+                if run.error is not None:
+                    return
+        finally:
+            close = getattr(replies, "close", None)
+            if close is not None:
+                close()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def is_ready(self) -> bool:
+        """Whether the ensemble and every composing model are ready."""
+        return self._live and all(m.is_ready() for m in self.composing_models)
+
+    def metrics(self) -> dict[str, Any]:
+        """An ensemble records no custom metrics of its own: ``{}``."""
+        return {}
+
+    def unload(self, *, unload_dependents: bool = False) -> None:
+        """Unload the ensemble; with ``unload_dependents`` its composing models too (as
+        Triton's ``unload_dependents``). Idempotent."""
+        live, self._live = self._live, False
+        if not live:
+            return
+        self._repository.forget(self)
+        if unload_dependents:
+            for model in self.composing_models:
+                if isinstance(model, EnsembleModel):
+                    model.unload(unload_dependents=True)
+                else:
+                    model.unload()
+
+    def __repr__(self) -> str:
+        state = "loaded" if self._live else "unloaded"
+        return f"<EnsembleModel {self._name!r} version {self._version}, {state}>"
+
+
+# -- loading ------------------------------------------------------------------------------------

@@ -1,0 +1,174 @@
+"""The steps of an ensemble and the requests they get (core's ``EnsembleContext::InitStep``,
+``ReshapeTensorDims`` and the sequence parameters of ``ConsumeResponse``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pb_tensor import Tensor
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._host import RequestData
+from pb_tensor.runtime._reshape import renamed
+from pb_tensor.runtime._seam import TritonError
+
+if TYPE_CHECKING:
+    from pb_tensor.runtime._model import LoadedModel
+
+__all__ = ["Override", "Step", "Value", "dataflow_order", "reshaped", "sequence_override",
+           "step_request"]  # fmt: skip
+
+log = logging.getLogger("pb_tensor.runtime")
+
+_WILDCARD = -1
+_SEQUENCE_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+_SEQUENCE_END = 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+
+Override = tuple[int | str, int] | None
+"""The correlation id and flags a step's response parameters set for the steps its outputs
+feed (``sequence_id``, ``sequence_start``, ``sequence_end``), or None."""
+
+Value = tuple[Tensor | None, int, Override]
+"""An ensemble tensor's value: the tensor (None for an optional one left out), the batch size
+of the request that made it (0: no batching), and its override."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of an ensemble, resolved against its model."""
+
+    model: LoadedModel
+    batching: bool
+    inputs: tuple[tuple[str, str, tuple[int, ...]], ...]  # (model input, tensor, dims)
+    outputs: dict[str, str]  # model output -> ensemble tensor
+    requested: tuple[str, ...]
+    pooled_inputs: bool  # the model runs in a stub: pooled tensors reach it as they are
+    pooled_outputs: bool  # ... and answers with tensors in the pool
+
+
+def _same_dims(config: Sequence[int], shape: Sequence[int]) -> bool:
+    return len(config) == len(shape) and all(
+        c in (_WILDCARD, s) for c, s in zip(config, shape)
+    )
+
+
+def reshaped(
+    dims: Sequence[int], batching: bool, batch_size: int, shape: tuple[int, ...]
+) -> tuple[int, ...]:
+    """Core's ``EnsembleContext::ReshapeTensorDims``: add or strip the batch dimension
+    between batching and non-batching models."""
+    if batching != (batch_size != 0):
+        if batching:
+            if _same_dims(dims, shape):
+                return (1, *shape)
+        elif not _same_dims(dims, shape) and batch_size == 1:
+            return shape[1:]
+    return shape
+
+
+def dataflow_order(steps: Sequence[Step], inputs: Iterable[str]) -> list[int]:
+    """Step indexes in an order where every step comes after the steps writing its inputs
+    (validation made sure there is one, covering every step)."""
+    have = set(inputs)
+    order: list[int] = []
+    left = list(range(len(steps)))
+    while left:
+        ready = [i for i in left if all(t in have for _, t, _ in steps[i].inputs)]
+        if not ready:
+            break  # unreachable after validation: the rest could never run
+        for i in ready:
+            order.append(i)
+            left.remove(i)
+            have.update(steps[i].outputs.values())
+    return order
+
+
+def sequence_override(parameters: str, correlation_id: int | str) -> Override:
+    """The override a step response's parameters make (core's ``ConsumeResponse``).
+
+    Raises:
+        InferenceError: ``INVALID_ARG``, core's message, for a ``sequence_id`` that is no int
+            or string, or a ``sequence_start`` / ``sequence_end`` that is no bool.
+    """
+    if parameters in ("{}", ""):
+        return None
+    found = json.loads(parameters)
+    override = False
+    flags = 0
+    for name, value in found.items():
+        if name == "sequence_id":
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise InferenceError(
+                    "expected parameter 'sequence_id' to be TRITONSERVER_PARAMETER_INT or "
+                    "TRITONSERVER_PARAMETER_STRING", TritonError.INVALID_ARG)
+            correlation_id = value
+            override = True
+        elif name in ("sequence_start", "sequence_end"):
+            if not isinstance(value, bool):
+                raise InferenceError(
+                    f"expect parameter '{name}' to be TRITONSERVER_PARAMETER_BOOL",
+                    TritonError.INVALID_ARG)
+            if value:
+                flags |= _SEQUENCE_START if name == "sequence_start" else _SEQUENCE_END
+            override = True
+    return (correlation_id, flags) if override else None
+
+
+def step_request(
+    step: Step,
+    value: Callable[[str], Value],
+    pooled_ids: set[int],
+    data: RequestData,
+) -> tuple[RequestData, int]:
+    """Core's ``InitStep``: the request of ``step`` (``value(tensor)``: an ensemble tensor's
+    value), and its batch size."""
+    inputs = []
+    batch_size = 0
+    correlation_id = data.correlation_id
+    flags = data.flags
+    overridden = False
+    # A stub's outputs are in the pool already: the next stub gets the same records and
+    # names them itself (nothing copied); a reshape needs a new record.
+    pooled: list[Tensor] | None = [] if step.pooled_inputs else None
+    renaming = False
+    for model_input, tensor_name, dims in step.inputs:
+        tensor, tensor_batch, override = value(tensor_name)
+        if override is not None:
+            if overridden and override != (correlation_id, flags):
+                log.error(
+                    "[request id: %s] Different set of response parameters are set for '%s'. "
+                    "Parameter correlation ID %s, flags %s is used.",
+                    data.request_id or "<id_unknown>", step.model.name, correlation_id, flags)
+            else:
+                correlation_id, flags = override
+                overridden = True
+        if tensor is None:
+            continue  # an optional input the request left out
+        if step.batching == (tensor_batch != 0):  # no batch dimension to add or strip
+            same_shape = True
+            if step.batching and not batch_size:
+                batch_size = tensor_batch
+            view = tensor if tensor.name() == model_input else renamed(tensor, model_input)
+        else:
+            have = tuple(tensor.shape())
+            shape = reshaped(dims, step.batching, tensor_batch, have)
+            same_shape = shape == have
+            if step.batching and shape and not batch_size:
+                batch_size = shape[0]
+            view = renamed(tensor, model_input, shape)
+        inputs.append(view)
+        if pooled is not None:
+            if view is tensor:
+                pooled.append(tensor)
+            elif same_shape and id(tensor) in pooled_ids:
+                pooled.append(tensor)
+                renaming = True
+            else:
+                pooled = None
+    request = RequestData(inputs, list(step.requested), data.request_id, correlation_id, flags,
+                          data.parameters, data.timeout_us,
+                          pooled=pooled if renaming else None)  # fmt: skip
+    return request, batch_size
