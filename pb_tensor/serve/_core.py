@@ -27,7 +27,6 @@ from pb_tensor.runtime import (
 )
 from pb_tensor.serve._errors import (
     INTERNAL,
-    INVALID_ARG,
     NOT_FOUND,
     UNAVAILABLE,
     ServeError,
@@ -228,6 +227,15 @@ class Core:
             if repo is None:  # unreachable: files come with a config
                 raise ServeError(f"failed to load '{name}'", INTERNAL)
             self._unload(name)
+            config_path = os.path.join(repo.path, name, "config.pbtxt")
+            if self.options.strict_model_config and not os.path.isfile(config_path):
+                with self._lock:
+                    self._states[name] = ModelState(name, "", "UNAVAILABLE",
+                                                    f"no {config_path} (strict model config)")
+                raise ServeError(
+                    f"load failed for model '{name}': --strict-model-config=true needs "
+                    f"{config_path}\n"
+                )
             try:
                 model = repo.load(name, isolated=not self.options.in_process)
             except ModelLoadError as exc:

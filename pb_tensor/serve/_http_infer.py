@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 
 from pb_tensor.serve._errors import UNSUPPORTED, ServeError
-from pb_tensor.serve._tensors import check_shape, datatype_of, from_json, from_raw, raw_bytes, to_json
+from pb_tensor.serve._tensors import (
+    check_shape,
+    datatype_of,
+    from_json,
+    from_raw,
+    raw_bytes,
+    to_json,
+)
 
 __all__ = ["InferCall", "json_error_text", "parse_infer", "parse_json", "render_infer"]
 
@@ -35,7 +42,8 @@ def json_error_text(exc: ValueError, data: bytes | memoryview) -> str:
     if not len(data) or not bytes(data).strip():
         return "failed to parse the request JSON buffer: The document is empty. at 0"
     if isinstance(exc, UnicodeDecodeError):
-        return f"failed to parse the request JSON buffer: Invalid encoding in string. at {exc.start}"
+        return ("failed to parse the request JSON buffer: Invalid encoding in string. at "
+                f"{exc.start}")
     msg = getattr(exc, "msg", str(exc))
     pos = getattr(exc, "pos", 0)
     text = next((t for prefix, t in _JSON_TEXTS if msg.startswith(prefix)), msg)

@@ -5,6 +5,7 @@ its own, started and stopped together."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import sys
@@ -27,8 +28,9 @@ def status_table(states: list[ModelState]) -> str:
     """tritonserver's model status table."""
     rows = [("Model", "Version", "Status")]
     for s in states:
-        status = s.state if s.state == "READY" else f"{s.state}: {s.reason}".strip(": ")
-        rows.append((s.name, s.version, status.replace("\n", " ")))
+        reason = s.reason.strip().split("\n")[0]
+        status = s.state if s.state == "READY" or not reason else f"{s.state}: {reason}"
+        rows.append((s.name, s.version, status))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     lines = [rule]
@@ -205,10 +207,8 @@ class Server:
         if self._grpc_stop is not None:
             loop, stop = self._grpc_stop
             if not loop.is_closed():
-                try:
+                with contextlib.suppress(RuntimeError):  # the loop stopped meanwhile
                     loop.call_soon_threadsafe(stop.set)
-                except RuntimeError:  # the loop stopped meanwhile
-                    pass
         for thread in (self._http_thread, self._grpc_thread):
             if thread is not None:
                 thread.join(drain_timeout + 5)

@@ -149,7 +149,7 @@ def _bytes_problem(name: str, data: bytes | memoryview, count: int, model: str,
     return f"{_prefix(request_id)}expected {count} string elements {where}, got {seen}"
 
 
-_JSON_KINDS: Final = {
+_JSON_KINDS: Final[dict[str, tuple[Any, str]]] = {
     "b": (bool, "boolean"),
     "u": (int, "unsigned-integer"),
     "i": (int, "signed-integer"),
@@ -249,7 +249,7 @@ def raw_bytes(array: npt.NDArray[Any]) -> bytes | memoryview:
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     contiguous = np.ascontiguousarray(array)
-    return memoryview(contiguous).cast("B") if contiguous.size else b""
+    return contiguous.data.cast("B") if contiguous.size else b""
 
 
 def to_json(array: npt.NDArray[Any], name: str) -> list[Any]:
