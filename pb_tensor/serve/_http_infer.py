@@ -56,8 +56,10 @@ def parse_json(data: bytes | memoryview) -> Any:
     Raises:
         ServeError: not JSON (Triton's message).
     """
+    # rapidjson (Triton's parser) does not validate UTF-8: bytes that are not UTF-8 pass
+    # through strings unchanged, as they do here (surrogate escapes, undone for BYTES data).
     try:
-        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+        return json.loads(bytes(data).decode("utf-8", "surrogateescape"))
     except ValueError as exc:
         raise ServeError(json_error_text(exc, data)) from None
 

@@ -184,7 +184,7 @@ def from_json(name: str, datatype: str, shape: list[int], data: Any) -> npt.NDAr
             raise ServeError(
                 "Unable to parse 'data': attempt to access JSON non-string as string"
             )
-        values: list[Any] = [v.encode("utf-8", "surrogatepass") for v in flat]
+        values: list[Any] = [_utf8(v) for v in flat]
     else:
         kinds, text = _JSON_KINDS[dtype.kind]
         for v in flat:
@@ -207,6 +207,14 @@ def from_json(name: str, datatype: str, shape: list[int], data: Any) -> npt.NDAr
         raise ServeError(
             f"Unable to parse 'data': a value of input '{name}' does not fit {datatype}"
         ) from None
+
+
+def _utf8(text: str) -> bytes:
+    """The bytes of a JSON string: UTF-8, with bytes that were not UTF-8 restored."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate written as a JSON escape
+        return text.encode("utf-8", "surrogatepass")
 
 
 def _flatten(data: Any) -> list[Any]:
