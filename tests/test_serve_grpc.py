@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from serve_support import EXAMPLES, needs_serve
 
 pytestmark = needs_serve

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 from serve_support import EXAMPLES, add_sub_json, error_of, needs_serve, raw
 
 pytestmark = needs_serve
