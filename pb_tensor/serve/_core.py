@@ -128,6 +128,7 @@ class Core:
         self._idle = threading.Condition(self._lock)
         self.live = True
         self.ready = False
+        self.startup_failures: list[str] = []
 
     # -- repository ---------------------------------------------------------------------------
     def _repository_of(self, name: str) -> ModelRepository | None:
@@ -154,6 +155,7 @@ class Core:
             try:
                 self.load(name, None, {}, startup=True)
             except ServeError as exc:
+                self.startup_failures.append(name)
                 log.error("%s", exc.message.rstrip())
         self.ready = True
         with self._lock:

@@ -110,7 +110,7 @@ class Server:
         try:
             states = self.core.startup()
             self._say(status_table(states))
-            if self.options.exit_on_error and any(s.state != "READY" for s in states):
+            if self.options.exit_on_error and self.core.startup_failures:
                 raise ServeError("failed to load all models", INTERNAL)
             if self.options.allow_grpc:
                 self._start_grpc()
