@@ -166,3 +166,60 @@ def test_repository_control(triton_server: Any) -> None:
             client.get_model_config("add_sub")
         assert caught.value.message() == (
             "Request for unknown model: 'add_sub' has no available versions")
+
+
+_WAITS = '''
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.wait, args=(request,)).start()
+
+    def wait(self, request):
+        marker = pb_utils.get_input_tensor_by_name(request, "MARKER").as_numpy()[0]
+        sender = request.get_response_sender()
+        deadline = time.monotonic() + 20
+        while not sender.is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with open(marker.decode(), "w") as f:
+            f.write("cancelled" if sender.is_cancelled() else "not cancelled")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+_WAITS_CONFIG = """
+name: "waits"
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "MARKER" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_closed_stream_cancels_its_requests(triton_server: Any, tmp_path: Any) -> None:
+    import os
+    import time
+
+    import tritonclient.grpc as grpcclient
+
+    (tmp_path / "waits" / "1").mkdir(parents=True)
+    (tmp_path / "waits" / "config.pbtxt").write_text(_WAITS_CONFIG)
+    (tmp_path / "waits" / "1" / "model.py").write_text(_WAITS)
+    server = triton_server(str(tmp_path), allow_http=False, allow_metrics=False)
+    marker = tmp_path / "marker"
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: None)
+        tensor = grpcclient.InferInput("MARKER", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([str(marker).encode()], dtype=object))
+        client.async_stream_infer("waits", [tensor])
+        time.sleep(0.3)
+        assert not marker.exists()  # the model waits for the cancellation
+        client.stop_stream(cancel_requests=True)
+    deadline = time.monotonic() + 30
+    while not marker.exists() or not os.path.getsize(marker):
+        assert time.monotonic() < deadline, "the model did not see the cancellation"
+        time.sleep(0.02)
+    assert marker.read_text() == "cancelled"
