@@ -27,7 +27,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
