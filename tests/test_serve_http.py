@@ -193,3 +193,43 @@ def test_fixture_load_override_and_unload(triton_server: Any) -> None:
             client.load_model("no_such_model")
         assert caught.value.message() == (
             "failed to load 'no_such_model', failed to poll from model repository")
+
+
+_WRITES = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            x += 1  # a model may write into its inputs, as into Triton's copy
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+        return responses
+'''
+_WRITES_CONFIG = """
+name: "writes"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+
+
+@pytest.mark.parametrize("in_process", [True, False])
+def test_models_may_write_into_inputs(triton_server: Any, tmp_path: Any,
+                                      in_process: bool) -> None:
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    (tmp_path / "writes" / "1").mkdir(parents=True)
+    (tmp_path / "writes" / "config.pbtxt").write_text(_WRITES_CONFIG)
+    (tmp_path / "writes" / "1" / "model.py").write_text(_WRITES)
+    server = triton_server(str(tmp_path), in_process=in_process, allow_metrics=False)
+    x = np.arange(3, dtype=np.int32)
+    for module, url in ((httpclient, server.http_url), (grpcclient, server.grpc_url)):
+        with module.InferenceServerClient(url) as client:
+            tensor = module.InferInput("X", [3], "INT32")
+            tensor.set_data_from_numpy(x)
+            assert client.infer("writes", [tensor]).as_numpy("Y").tolist() == [1, 2, 3]
+    assert x.tolist() == [0, 1, 2]

@@ -119,7 +119,11 @@ class Core:
                 "explicit)", UNAVAILABLE,
             )
         self.options = options
-        self._repositories = [ModelRepository(p) for p in options.model_repositories]
+        # Inputs are views of the request's own (writable) buffer, which nothing else reads:
+        # in-process models may take them without a copy, as a stub takes its shared memory.
+        self._repositories = [
+            ModelRepository(p, share_inputs=True) for p in options.model_repositories
+        ]
         self._lock = threading.RLock()
         self._loaded: dict[str, LoadedModel] = {}
         self._states: dict[str, ModelState] = {}
@@ -286,7 +290,7 @@ class Core:
                 shutil.copytree(os.path.join(repo.path, name), model_dir, symlinks=True)
             with open(os.path.join(model_dir, "config.pbtxt"), "w", encoding="utf-8") as f:
                 f.write(text)
-            return ModelRepository(root), root
+            return ModelRepository(root, share_inputs=True), root
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise

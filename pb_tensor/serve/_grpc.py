@@ -72,7 +72,7 @@ class _Request:
 
     __slots__ = ("correlation_id", "empty_final", "flags", "inputs", "parameters", "requested")
 
-    def __init__(self, request: Any, stream: bool) -> None:
+    def __init__(self, request: Any, stream: bool, writable: bool) -> None:
         self.correlation_id: int | str = 0
         self.flags = 0
         self.empty_final = False
@@ -125,7 +125,9 @@ class _Request:
                     f"'{io.name}' for model '{model}'"
                 )
             if index < len(raw):
-                data: bytes = raw[index]
+                # In-process models take the inputs without a copy: a buffer of their own,
+                # writable as a stub's copy is (protobuf's bytes are read-only).
+                data: bytes | bytearray = bytearray(raw[index]) if writable else raw[index]
             elif has_contents:
                 data = self._contents(io, model)
             else:
@@ -135,7 +137,7 @@ class _Request:
                                             request.id)
 
     @staticmethod
-    def _contents(io: Any, model: str) -> bytes:
+    def _contents(io: Any, model: str) -> bytearray:
         field = _CONTENTS.get(io.datatype)
         if field is None:
             raise ServeError(f"invalid datatype for input {io.name}")
@@ -152,9 +154,9 @@ class _Request:
 
             array = np.empty(len(values), dtype=object)
             array[:] = values
-            return bytes_wire(array)
+            return bytearray(bytes_wire(array))
         try:
-            return np.array(values, dtype=DTYPES[io.datatype]).tobytes()
+            return bytearray(np.array(values, dtype=DTYPES[io.datatype]).tobytes())
         except OverflowError:
             raise ServeError(f"a value of input '{io.name}' does not fit {io.datatype}") from None
 
@@ -230,7 +232,7 @@ class _Service:
             if model.decoupled:
                 raise ServeError("ModelInfer RPC doesn't support models with decoupled "
                                  "transaction policy", UNSUPPORTED)
-            parsed = _Request(request, stream=False)
+            parsed = _Request(request, stream=False, writable=self.core.options.in_process)
             outputs = await self.core.infer(
                 model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
                 parsed.correlation_id, parsed.flags,
@@ -285,7 +287,7 @@ class _Service:
 
         try:
             model = self.core.model(request.model_name, request.model_version)
-            parsed = _Request(request, stream=True)
+            parsed = _Request(request, stream=True, writable=self.core.options.in_process)
             stream = self.core.stream(
                 model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
                 parsed.correlation_id, parsed.flags,

@@ -168,7 +168,7 @@ class HttpApp:
             raise ServeError("Model version not ready")
         await _reply(send, 200, b"", [])
 
-    async def _control(self, send: Send, name: str, action: str, body: bytes) -> None:
+    async def _control(self, send: Send, name: str, action: str, body: bytearray) -> None:
         request = parse_json(body) if body else {}
         params = request.get("parameters", {}) if isinstance(request, dict) else {}
         if not isinstance(params, dict):
@@ -284,23 +284,24 @@ async def _reply(send: Send, status: int, body: bytes, headers: list[tuple[bytes
     await send({"type": "http.response.body", "body": body})
 
 
-async def _body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
+async def _body(receive: Receive, limit: int) -> bytearray:
+    """The request body in a buffer of its own (writable: binary inputs are views of it that
+    the model may write into, as into its copy in Triton)."""
+    body = bytearray()
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _Disconnected
         chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
+        if len(body) + len(chunk) > limit:
             raise ServeError(
-                f"request JSON size of {size} bytes exceeds the maximum allowed input size of "
-                f"{limit} bytes. Use --http-max-input-size to increase the limit."
+                f"request JSON size of {len(body) + len(chunk)} bytes exceeds the maximum "
+                f"allowed input size of {limit} bytes. Use --http-max-input-size to increase "
+                "the limit."
             )
-        chunks.append(chunk)
+        body += chunk
         if not message.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return body
 
 
 async def _disconnect(receive: Receive) -> None:
@@ -308,7 +309,7 @@ async def _disconnect(receive: Receive) -> None:
         pass
 
 
-def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
+def _decompress(body: bytearray, encoding: bytes, limit: int) -> bytearray:
     if encoding == b"gzip":
         wbits = 31
     elif encoding == b"deflate":
@@ -325,7 +326,7 @@ def _decompress(body: bytes, encoding: bytes, limit: int) -> bytes:
             f"decompressed request size exceeds the maximum allowed input size of {limit} "
             "bytes. Use --http-max-input-size to increase the limit."
         )
-    return out
+    return bytearray(out)
 
 
 def _accepted(accept: bytes) -> bytes | None:

@@ -37,7 +37,7 @@ _JSON_TEXTS = (
 )
 
 
-def json_error_text(exc: ValueError, data: bytes | memoryview) -> str:
+def json_error_text(exc: ValueError, data: bytes | bytearray | memoryview) -> str:
     """Triton's message for a request body that is not JSON."""
     if not len(data) or not bytes(data).strip():
         return "failed to parse the request JSON buffer: The document is empty. at 0"
@@ -50,7 +50,7 @@ def json_error_text(exc: ValueError, data: bytes | memoryview) -> str:
     return f"failed to parse the request JSON buffer: {text} at {pos}"
 
 
-def parse_json(data: bytes | memoryview) -> Any:
+def parse_json(data: bytes | bytearray | memoryview) -> Any:
     """A JSON document.
 
     Raises:
@@ -115,7 +115,8 @@ def _member(obj: dict[str, Any], key: str, kind: type, text: str, what: str) -> 
     return value
 
 
-def parse_infer(body: bytes, header_len: int | None, model: str, max_input: int) -> InferCall:
+def parse_infer(body: bytearray, header_len: int | None, model: str, max_input: int
+                ) -> InferCall:
     """The inputs, requested outputs and parameters of an HTTP inference request.
 
     Raises:

@@ -95,7 +95,7 @@ def _prefix(request_id: str) -> str:
 
 
 def from_raw(
-    name: str, datatype: str, shape: list[int], data: bytes | memoryview, model: str,
+    name: str, datatype: str, shape: list[int], data: bytes | bytearray | memoryview, model: str,
     request_id: str,
 ) -> npt.NDArray[Any]:
     """The array of input ``name`` from its raw bytes (little-endian; BYTES elements each
@@ -126,7 +126,7 @@ def from_raw(
     return array.reshape(shape)
 
 
-def _bytes_problem(name: str, data: bytes | memoryview, count: int, model: str,
+def _bytes_problem(name: str, data: bytes | bytearray | memoryview, count: int, model: str,
                    request_id: str) -> str:
     """Triton core's message for BYTES data that does not hold ``count`` elements."""
     where = f"for inference input '{name}' for model '{model}'"
