@@ -233,3 +233,30 @@ def test_models_may_write_into_inputs(triton_server: Any, tmp_path: Any,
             tensor.set_data_from_numpy(x)
             assert client.infer("writes", [tensor]).as_numpy("Y").tolist() == [1, 2, 3]
     assert x.tolist() == [0, 1, 2]
+
+
+def test_generate_and_generate_stream(server: Any) -> None:
+    status, headers, data = raw(server.http_url, "POST", "/v2/models/add_sub/generate",
+                                json.dumps({"INPUT0": [1.0, 2.0], "INPUT1": [0.5, 0.5]}).encode())
+    assert status == 200
+    assert json.loads(data) == {"model_name": "add_sub", "model_version": "1",
+                                "OUTPUT0": [1.5, 2.5], "OUTPUT1": [0.5, 1.5]}
+    status, _, data = raw(server.http_url, "POST", "/v2/models/string_identity/generate",
+                          json.dumps({"INPUT0": "one"}).encode())
+    assert json.loads(data)["OUTPUT0"] == "one"  # a single element comes back as a scalar
+    status, headers, data = raw(server.http_url, "POST",
+                                "/v2/models/decoupled_repeat/generate_stream",
+                                json.dumps({"N": 3}).encode())
+    assert status == 200
+    assert headers["content-type"] == "text/event-stream; charset=utf-8"
+    events = [json.loads(line[len("data: "):]) for line in data.decode().split("\n\n") if line]
+    assert [e["OUT"] for e in events] == [0, 1, 2]
+    assert events[0]["model_name"] == "decoupled_repeat"
+    assert error_of(server.http_url, "/v2/models/add_sub/generate",
+                    json.dumps({"INPUT0": [1.0]}).encode()) == (
+        400, "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model "
+             "'add_sub'. Got input(s) ['INPUT0'], but missing required input(s) ['INPUT1']. "
+             "Please provide all required input(s).")
+    assert error_of(server.http_url, "/v2/models/decoupled_repeat/generate_stream",
+                    json.dumps({"N": [1, 2]}).encode()) == (
+        400, "The schema can not convert input 'N' to tensor with proper shape")

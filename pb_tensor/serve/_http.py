@@ -120,6 +120,18 @@ class HttpApp:
             elif action is None:
                 _need(method, "GET")
                 await _reply(send, 200, _metadata(core, name, version), _JSON)
+            elif action in ("generate", "generate_stream"):
+                _need(method, "POST")
+                model = core.model(name, version)
+                headers = dict(scope["headers"])
+                encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+                if encoding != b"identity":
+                    raise ServeError("Unsupported content-encoding, only 'identity' is "
+                                     "supported.")
+                body = await _body(receive, core.options.max_input_size)
+                from pb_tensor.serve._generate import generate
+
+                await generate(core, model, body, action == "generate_stream", receive, send)
             else:
                 core.model(name, version)
                 raise ServeError(f"the {action} endpoint is not supported by pb-tensor serve",
