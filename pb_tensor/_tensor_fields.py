@@ -14,8 +14,15 @@ import numpy as np
 
 import dlpack_ctypes as dl
 from pb_tensor.dtypes import MemoryType, TritonDtype
+from pb_tensor.extras_policy import extras_allowed
 
 __all__ = ["TensorFields"]
+
+# What pybind11 raises for Triton's triton_dtype(): its return type is an unregistered C enum.
+_TRITON_DTYPE_ERROR = (
+    "Unable to convert function return value to a Python type! The signature was\n"
+    "\t(self: c_python_backend_utils.Tensor) -> TRITONSERVER_datatype_enum"
+)
 
 
 class TensorFields:
@@ -61,7 +68,16 @@ class TensorFields:
         return list(self._dims)
 
     def triton_dtype(self) -> TritonDtype:
-        """The Triton data type (works, unlike upstream where it raises TypeError)."""
+        """The Triton data type (works, unlike upstream where it raises TypeError).
+
+        Raises:
+            TypeError: inside a model served by ``pb_tensor.runtime`` without
+                ``pb_tensor_extras=True``, with Triton's text (python_backend#382), so that
+                model code calling it fails here as it fails in Triton
+                (:mod:`pb_tensor.extras_policy`). :attr:`dtype` always works.
+        """
+        if not extras_allowed():
+            raise TypeError(_TRITON_DTYPE_ERROR)
         return self._dtype
 
     def is_cpu(self) -> bool:
@@ -70,6 +86,11 @@ class TensorFields:
 
     # ----------------------------------------------------------------------------------------
     # Typed extras
+
+    @property
+    def dtype(self) -> TritonDtype:
+        """The Triton data type (what ``triton_dtype()`` returns where it works)."""
+        return self._dtype
 
     @property
     def memory_type(self) -> MemoryType:

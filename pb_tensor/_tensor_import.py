@@ -21,6 +21,7 @@ from pb_tensor.dtypes import (
     triton_to_dlpack,
 )
 from pb_tensor.errors import TritonModelException
+from pb_tensor.extras_policy import extras_allowed
 
 if TYPE_CHECKING:
     from dlpack_ctypes.exchange import ExchangeAPI
@@ -104,6 +105,22 @@ def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return True
 
 
+def _triton_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """python_backend's own check, verbatim: it skips ``strides[0]`` (so row-strided views
+    pass, which :func:`_c_contiguous` refuses) and rejects some empty tensors (which
+    :func:`_c_contiguous` accepts). Applied on top of ours where pb-tensor's extras are off
+    (:mod:`pb_tensor.extras_policy`), so a model is refused here wherever Triton refuses it."""
+    expected = 1
+    ndim = len(shape)
+    for i in range(1, ndim):
+        n = shape[ndim - i]
+        if n != 1:
+            if strides[ndim - i] != expected:
+                return False
+            expected *= n
+    return True
+
+
 def check_importable(t: dl.DLPackTensor) -> None:
     """Triton's rules for DLPack input, applied before the capsule is consumed.
 
@@ -116,6 +133,7 @@ def check_importable(t: dl.DLPackTensor) -> None:
         t.dtype in DTYPE_OF_DL
         and t.device[0] in MEMORY_OF_DEVICE
         and (strides == _c_strides(t.shape) or _c_contiguous(t.shape, strides))
+        and (0 not in t.shape or extras_allowed() or _triton_contiguous(t.shape, strides))
     ):
         return  # the common case, decided with three lookups
     device_type = int(t.device[0])
@@ -130,6 +148,8 @@ def check_importable(t: dl.DLPackTensor) -> None:
                 "has no Triton equivalent."
             )
     if not (strides == _c_strides(t.shape) or _c_contiguous(t.shape, strides)):
+        raise TritonModelException(_NOT_CONTIGUOUS)
+    if not extras_allowed() and not _triton_contiguous(t.shape, strides):
         raise TritonModelException(_NOT_CONTIGUOUS)
 
 

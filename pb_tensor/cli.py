@@ -109,7 +109,7 @@ def _demo_torch(table: _Table) -> None:
     tb = Tensor.from_dlpack("BF16", bf)
     again = torch_from_dlpack(tb)
     table.check("BF16 through torch", bool(torch.equal(again, bf)) and
-                tb.triton_dtype().wire_name == "BF16",
+                tb.dtype.wire_name == "BF16",
                 f"{tb!r} round-trips to torch unchanged")
 
 

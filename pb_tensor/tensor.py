@@ -34,6 +34,7 @@ from pb_tensor._tensor_import import torch_array as _torch_array
 from pb_tensor._tensor_import import wait_for_producer as _wait_for_producer
 from pb_tensor.dtypes import MemoryType, TritonDtype, triton_dtype_from_numpy
 from pb_tensor.errors import TritonBufferError, TritonModelException
+from pb_tensor.extras_policy import extras_allowed
 from pb_tensor.numpy_policy import bf16_numpy_allowed
 
 if TYPE_CHECKING:
@@ -54,6 +55,21 @@ _BF16_NUMPY: Final = (
     "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and from_dlpack() "
     "instead."
 )
+
+_PICKLE_ERROR: Final = "cannot pickle 'c_python_backend_utils.Tensor' object"
+
+
+def _dlpack_keywords_error(*given: object) -> str:
+    """pybind11's refusal of keywords Triton's ``__dlpack__(stream=None)`` does not take."""
+    names = ("max_version", "dl_device", "copy")
+    kwargs = ", ".join(f"{n}={v!r}" for n, v in zip(names, given) if v is not None)
+    return (
+        "__dlpack__(): incompatible function arguments. The following argument types are "
+        "supported:\n    1. (self: c_python_backend_utils.Tensor, stream: object = None) -> "
+        f"capsule\n\nInvoked with kwargs: {kwargs} (pb-tensor's DLPack 1.x keywords are off "
+        "inside models, as in Triton: ModelRepository(..., pb_tensor_extras=True) turns them on)"
+    )
+
 
 # numpy >= 2.4 exports host memory by its C code while keeping every rule of ours.
 _NUMPY_EXPORTS: Final = dl.NUMPY_EXPORTER_KEEPS_RULES
@@ -208,7 +224,10 @@ class Tensor(TensorFields):
             # give, without the capsule round trip. Anything DLPack would refuse (strided views,
             # object or byte-swapped dtypes) takes the DLPack path below for the exact error.
             direct = _DIRECT_NUMPY.get(tensor.dtype.num)
-            if direct is not None and tensor.dtype.isnative and tensor.flags.c_contiguous:
+            if (
+                direct is not None and tensor.dtype.isnative and tensor.flags.c_contiguous
+                and (tensor.size or extras_allowed())
+            ):
                 return Tensor._from_array(name, tensor, direct)
         kind = type(tensor)
         if kind is _TorchTensor:
@@ -345,6 +364,10 @@ class Tensor(TensorFields):
                 ``dl_device``; also a ``BufferError``.
             TypeError, ValueError: malformed arguments.
         """
+        if (
+            max_version is not None or dl_device is not None or copy is not None
+        ) and not extras_allowed():
+            raise TypeError(_dlpack_keywords_error(max_version, dl_device, copy))
         array = self._array
         dtype = self._dtype
         if (
@@ -403,7 +426,11 @@ class Tensor(TensorFields):
 
         Raises:
             TritonModelException: the tensor is in GPU memory (call ``to_host()`` first).
+            TypeError: inside a model served by ``pb_tensor.runtime`` without
+                ``pb_tensor_extras=True``, as Triton's tensors cannot be pickled.
         """
+        if not extras_allowed():
+            raise TypeError(_PICKLE_ERROR)
         memory_type = self._memory_type
         if memory_type == MemoryType.GPU:
             raise TritonModelException(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pb_tensor.errors import TritonModelException
-from pb_tensor.runtime._seam import TritonError
+from pb_tensor.runtime._seam import TritonError, TritonErrorCode
 
 __all__ = ["InferenceError", "ModelLoadError"]
 
@@ -19,6 +19,9 @@ class InferenceError(TritonModelException):
     def __init__(self, message: str, code: int = TritonError.INTERNAL) -> None:
         super().__init__(message)
         self._message = message
+        if type(code) is int and 0 <= code <= max(TritonErrorCode):
+            # The runtime's own int codes (plain ints are refused inside models, as in Triton).
+            code = TritonErrorCode(code)
         self._code = TritonError(message, code).code()
 
     def message(self) -> str:

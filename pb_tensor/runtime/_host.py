@@ -85,6 +85,8 @@ class HostInfo:
     # in-process inputs handed over without a copy.
     bf16_as_numpy: bool = False
     share_inputs: bool = False
+    # pb-tensor's additions to Triton's API inside the model (pb_tensor.extras_policy).
+    pb_tensor_extras: bool = False
 
     def initialize_args(self) -> dict[str, str]:
         """``initialize(args)``: the keys and string values Triton's stub launcher passes."""
@@ -264,8 +266,9 @@ class ModelHost:
         self._raised_at: tuple[str, int, str] | None = None
 
     def _model_code(self) -> ModelCode:
-        # argv [''], BF16 as_numpy() refused unless the repository opted in.
-        return ModelCode(self.info.bf16_as_numpy)
+        # argv [''], BF16 as_numpy() and pb-tensor's API additions refused unless the
+        # repository opted in.
+        return ModelCode(self.info.bf16_as_numpy, self.info.pb_tensor_extras)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def initialize(self) -> None:

@@ -10,6 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
+from pb_tensor.extras_policy import extras_context, reset_extras_context
 from pb_tensor.numpy_policy import bf16_numpy_context, reset_bf16_numpy_context
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, ModelBackend
 
@@ -22,17 +23,20 @@ class ModelCode:
     arguments: ``unittest.main("model", exit=False)`` inside a model parses no test names out
     of the host's command line; the host's ``argv`` comes back when the last model call of
     the process returns (calls may overlap in threads). With ``bf16`` given, BF16
-    ``as_numpy()`` follows it in this context (:mod:`pb_tensor.numpy_policy`)."""
+    ``as_numpy()`` follows it in this context (:mod:`pb_tensor.numpy_policy`); with ``extras``
+    given, so do pb-tensor's additions to Triton's API (:mod:`pb_tensor.extras_policy`)."""
 
-    __slots__ = ("_bf16", "_token")
+    __slots__ = ("_bf16", "_extras", "_extras_token", "_token")
 
     _lock = threading.Lock()
     _users = 0
     _saved: list[str] | None = None
 
-    def __init__(self, bf16: bool | None = None) -> None:
+    def __init__(self, bf16: bool | None = None, extras: bool | None = None) -> None:
         self._bf16 = bf16
+        self._extras = extras
         self._token: contextvars.Token[bool | None] | None = None
+        self._extras_token: contextvars.Token[bool | None] | None = None
 
     def __enter__(self) -> None:
         cls = ModelCode
@@ -43,8 +47,13 @@ class ModelCode:
             cls._users += 1
         if self._bf16 is not None:
             self._token = bf16_numpy_context(self._bf16)
+        if self._extras is not None:
+            self._extras_token = extras_context(self._extras)
 
     def __exit__(self, *exc: object) -> None:
+        if self._extras_token is not None:
+            reset_extras_context(self._extras_token)
+            self._extras_token = None
         if self._token is not None:
             reset_bf16_numpy_context(self._token)
             self._token = None

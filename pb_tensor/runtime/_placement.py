@@ -51,7 +51,7 @@ def to_device(tensor: Tensor, device: int) -> Tensor:
             buffer.free()
             raise
     capsule = dl.export_buffer(
-        buffer, buffer.ptr, host.shape(), None, dl.DataType(*triton_to_dlpack(host.triton_dtype())),
+        buffer, buffer.ptr, host.shape(), None, dl.DataType(*triton_to_dlpack(host.dtype)),
         (_KDL_CUDA, device),
     )  # fmt: skip
     return Tensor.from_dlpack(tensor.name(), capsule)
@@ -76,7 +76,7 @@ def place(tensors: list[Tensor], preferred: PreferredMemory) -> list[Tensor]:
     return [
         t
         if (t.memory_type == MemoryType.GPU and t.memory_type_id == device)
-        or t.triton_dtype() == TritonDtype.TYPE_BYTES
+        or t.dtype == TritonDtype.TYPE_BYTES
         else to_device(t, device)
         for t in tensors
     ]

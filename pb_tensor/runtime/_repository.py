@@ -110,12 +110,15 @@ class ModelRepository:
     A context manager: closing it unloads every model it loaded (BLS targets included) and
     removes the shared-memory pool the stubs use.
 
-    Two opt-ins relax what the models it serves may do, where pb-tensor is more permissive
-    than Triton (both off by default, so that a model passing here passes in Triton):
+    Three opt-ins relax what the models it serves may do, where pb-tensor is more permissive
+    than Triton (all off by default, so that a model passing here passes in Triton):
     ``bf16_as_numpy`` lets ``as_numpy()`` of a BF16 tensor inside a model give an
     ``ml_dtypes.bfloat16`` view (Triton raises); ``share_inputs`` hands in-process models
     the caller's host arrays without copying them (a model writing into an input then
-    changes the caller's array; Triton's models write into a copy).
+    changes the caller's array; Triton's models write into a copy); ``pb_tensor_extras``
+    gives models pb-tensor's additions to Triton's API (``triton_dtype()``, ``__dlpack__``'s
+    DLPack 1.x keywords, pickling tensors, plain ``int`` codes for ``TritonError``, every
+    C-contiguous empty DLPack tensor: :mod:`pb_tensor.extras_policy`).
 
     Raises:
         ModelLoadError: ``path`` is not a directory.
@@ -127,8 +130,10 @@ class ModelRepository:
         *,
         bf16_as_numpy: bool = False,
         share_inputs: bool = False,
+        pb_tensor_extras: bool = False,
     ) -> None:
         self._bf16_as_numpy = bool(bf16_as_numpy)
+        self._pb_tensor_extras = bool(pb_tensor_extras)
         self._share_inputs = bool(share_inputs)
         self._path = os.path.abspath(os.fspath(path))
         if not os.path.isdir(self._path):
@@ -269,7 +274,8 @@ class ModelRepository:
             _schema.validate(final, model_dir)
             info = _host_info(final, name, version, model_dir, model_path)
             info = dataclasses.replace(
-                info, bf16_as_numpy=self._bf16_as_numpy, share_inputs=self._share_inputs
+                info, bf16_as_numpy=self._bf16_as_numpy, share_inputs=self._share_inputs,
+                pb_tensor_extras=self._pb_tensor_extras,
             )
             model = LoadedModel(
                 self, name=name, version=version, config=_schema.config_to_dict(final),

@@ -10,6 +10,7 @@ from pb_tensor.utils import (
     ModelConfig,
     PreferredMemory,
     TritonError,
+    TritonErrorCode,
 )
 from pb_tensor.utils._context import (
     BLS_OUTSIDE_EXECUTE_MESSAGE,
@@ -36,6 +37,7 @@ __all__ = [
     "ModelConfig",
     "PreferredMemory",
     "TritonError",
+    "TritonErrorCode",
     "claim_direct_send",
     "close_sender",
     "created_senders",

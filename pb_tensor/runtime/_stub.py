@@ -23,6 +23,7 @@ from typing import Any
 
 from pb_tensor import Tensor
 from pb_tensor.errors import TritonModelException
+from pb_tensor.extras_policy import set_extras_default
 from pb_tensor.numpy_policy import set_bf16_numpy_default
 from pb_tensor.runtime._channel import Channel, ChannelClosed, Message
 from pb_tensor.runtime._host import (
@@ -41,6 +42,7 @@ from pb_tensor.runtime._seam import (
     InferenceResponse,
     PreferredMemory,
     TritonError,
+    TritonErrorCode,
     set_process_backend,
 )
 from pb_tensor.shm import SharedMemoryPool
@@ -331,6 +333,7 @@ class _Stub:
         self.info = HostInfo(**body)
         # The whole process is the model's: its own threads follow the repository's choice.
         set_bf16_numpy_default(self.info.bf16_as_numpy)
+        set_extras_default(self.info.pb_tensor_extras)
         if self.cls is None:
             self.channel.send("failed", "the model was not loaded")
             return
@@ -458,7 +461,7 @@ def _response(
             return InferenceResponse(error=TritonError(str(exc)), parameters=params or None)
     return InferenceResponse(
         output_tensors=tensors,
-        error=None if error is None else TritonError(error[0], error[1]),
+        error=None if error is None else TritonError(error[0], TritonErrorCode(error[1])),
         parameters=params or None,
     )
 
@@ -469,6 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     fd, pool_name = int(args[0]), args[1]
     # Triton's stub embeds an interpreter started without arguments: models see [''].
     sys.argv = [""]
+    # Until the repository's choice arrives (init), the model's import and
+    # auto_complete_config see Triton's API only.
+    set_extras_default(False)
     pool = SharedMemoryPool.attach(pool_name)
     channel = Channel(Connection(fd), pool)
     stub = _Stub(channel)

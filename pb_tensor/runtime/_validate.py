@@ -161,7 +161,7 @@ def _quick_ok(spec: ModelSpec, inputs: Sequence[Tensor]) -> bool:
     for t in inputs:
         name = t.name()
         entry = table.get(name)
-        if entry is None or name in seen or t.triton_dtype() != entry[0]:
+        if entry is None or name in seen or t.dtype != entry[0]:
             return False
         seen.add(name)
         shape = t.shape()
@@ -257,7 +257,7 @@ def validate_request(
 
     for name, t in given.items():
         config = by_name[name]
-        dtype = t.triton_dtype()
+        dtype = t.dtype
         if dtype != config.dtype:
             raise _fail(
                 f"inference input '{name}' data-type is '{dtype.wire_name}', but model "

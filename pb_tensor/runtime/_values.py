@@ -65,7 +65,7 @@ def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
     if isinstance(value, Tensor):
         if value.name() == name:
             return value
-        if value.triton_dtype() is TritonDtype.TYPE_BYTES:
+        if value.dtype is TritonDtype.TYPE_BYTES:
             return Tensor(name, value.as_numpy())  # DLPack carries no strings
         # The same memory under the input's name: GPU and BF16 tensors have no numpy view.
         return Tensor.from_dlpack(name, value)
@@ -103,7 +103,7 @@ def as_delivered(tensors: list[Tensor], *, copy: bool = False) -> list[Tensor]:
     tensors pass as they are. The list is returned as is when nothing changes."""
     out = tensors
     for i, tensor in enumerate(tensors):
-        dtype = tensor.triton_dtype()
+        dtype = tensor.dtype
         if dtype is TritonDtype.TYPE_BYTES:
             array = tensor.as_numpy()
             if array.dtype.kind == "O" and all(type(x) is bytes for x in array.flat):

@@ -6,6 +6,7 @@ import enum
 from typing import ClassVar
 
 from pb_tensor.errors import TritonModelException
+from pb_tensor.extras_policy import extras_allowed
 
 __all__ = ["TritonError", "TritonErrorCode", "TritonModelException"]
 
@@ -53,6 +54,12 @@ class TritonError:
     ) -> None:
         if not isinstance(message, str):
             raise TypeError(f"TritonError(): message must be a str, got {type(message).__name__}")
+        if type(code) is int and not extras_allowed():
+            raise TypeError(
+                "TritonError(): incompatible constructor arguments: code must be a "
+                f"TritonError code such as TritonError.INTERNAL, got int {code!r} (Triton "
+                "refuses plain ints; ModelRepository(..., pb_tensor_extras=True) accepts them)"
+            )
         if isinstance(code, bool) or not isinstance(code, int):
             raise TypeError(
                 f"TritonError(): code must be a TritonError code, got {type(code).__name__}"
