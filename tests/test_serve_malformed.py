@@ -196,3 +196,83 @@ def _send_and_leave(url: str, body: bytes) -> None:
         time.sleep(0.3)  # the request reaches the model
 
 
+_CRASHES = '''
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if x[0] < 0:
+                os._exit(3)  # the stub dies with the request in flight
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * 2)]))
+        return responses
+'''
+_CRASHES_CONFIG = """
+name: "crashes"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+
+
+def test_stub_crash_fails_only_its_request(triton_server: Any, tmp_path: Any) -> None:
+    (tmp_path / "crashes" / "1").mkdir(parents=True)
+    (tmp_path / "crashes" / "config.pbtxt").write_text(_CRASHES_CONFIG)
+    (tmp_path / "crashes" / "1" / "model.py").write_text(_CRASHES)
+    server = triton_server(str(tmp_path), allow_grpc=False, allow_metrics=False)
+    path = "/v2/models/crashes/infer"
+
+    def body(value: int) -> bytes:
+        return json.dumps({"inputs": [{"name": "X", "datatype": "INT32", "shape": [1],
+                                       "data": [value]}]}).encode()
+
+    status, _, data = raw(server.http_url, "POST", path, body(-1))
+    assert (status, json.loads(data)) == (500, {"error": (
+        "Failed to process the request(s) for model instance 'crashes_0_0', message: Stub "
+        "process 'crashes_0_0' is not healthy. It exited with code 3.")})
+    status, _, data = raw(server.http_url, "POST", path, body(21))  # the stub is restarted
+    assert status == 200
+    assert json.loads(data)["outputs"][0]["data"] == [42]
+
+
+def test_concurrent_clients_get_their_own_results(server: Any) -> None:
+    """8 clients at once, HTTP and gRPC mixed: every response matches its request."""
+    import threading
+
+    import tritonclient.grpc as grpcclient
+
+    failures: list[str] = []
+
+    def http_client(k: int) -> None:
+        for i in range(20):
+            values = [float(k * 100 + i), float(i)]
+            status, _, data = raw(server.http_url, "POST", PATH,
+                                  json.dumps(add_sub_json(values)).encode())
+            if status != 200 or json.loads(data)["outputs"][0]["data"] != [
+                    2 * v for v in values]:
+                failures.append(f"http {k} {i}: {status} {data[:200]!r}")
+
+    def grpc_client(k: int) -> None:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            for i in range(20):
+                a = np.array([k * 100 + i, i], dtype=np.float32)
+                inputs = [grpcclient.InferInput("INPUT0", [2], "FP32"),
+                          grpcclient.InferInput("INPUT1", [2], "FP32")]
+                inputs[0].set_data_from_numpy(a)
+                inputs[1].set_data_from_numpy(a)
+                out = client.infer("add_sub", inputs).as_numpy("OUTPUT0")
+                if out.tolist() != (2 * a).tolist():
+                    failures.append(f"grpc {k} {i}: {out}")
+
+    threads = [threading.Thread(target=http_client if k % 2 else grpc_client, args=(k,))
+               for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert failures == []
