@@ -176,7 +176,7 @@ def test_disconnect_cancels_request(triton_server: Any, tmp_path: Any) -> None:
     (tmp_path / "slow" / "1").mkdir(parents=True)
     (tmp_path / "slow" / "config.pbtxt").write_text(_SLOW_CONFIG)
     (tmp_path / "slow" / "1" / "model.py").write_text(_SLOW)
-    server = triton_server(str(tmp_path), allow_grpc=False, allow_metrics=False)
+    server = triton_server(str(tmp_path), allow_metrics=False)
     marker = str(tmp_path / "marker")
     body = json.dumps({"inputs": [{"name": "MARKER", "datatype": "BYTES", "shape": [1],
                                    "data": [marker]}]}).encode()
@@ -186,6 +186,18 @@ def test_disconnect_cancels_request(triton_server: Any, tmp_path: Any) -> None:
     second = str(tmp_path / "marker2")
     _send_and_leave(server.http_url, body.replace(marker.encode(), second.encode()))
     assert _wait_for(second) == "cancelled"
+    # A gRPC call that runs past its deadline is cancelled the same way.
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    third = str(tmp_path / "marker3")
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        tensor = grpcclient.InferInput("MARKER", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([third.encode()], dtype=object))
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("slow", [tensor], client_timeout=0.5)
+        assert caught.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    assert _wait_for(third) == "cancelled"
 
 
 def _send_and_leave(url: str, body: bytes) -> None:
