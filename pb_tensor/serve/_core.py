@@ -129,6 +129,7 @@ class Core:
         self._states: dict[str, ModelState] = {}
         self._overrides: dict[str, tuple[ModelRepository, str]] = {}
         self._inflight = 0
+        self._pending: dict[str, int] = {}
         self._idle = threading.Condition(self._lock)
         self.live = True
         self.ready = False
@@ -335,7 +336,7 @@ class Core:
         Raises:
             ServeError: the request is invalid or the model answered with an error.
         """
-        self._enter()
+        self._enter(model.name)
         try:
             try:
                 future = model.infer_async(
@@ -351,7 +352,7 @@ class Core:
             except InferenceError as exc:
                 raise inference_error(exc) from None
         finally:
-            self._leave()
+            self._leave(model.name)
 
     def stream(self, model: LoadedModel, inputs: Mapping[str, Any],
                requested: Sequence[str] | None, parameters: Mapping[str, Any],
@@ -371,20 +372,27 @@ class Core:
             raise inference_error(exc) from None
         except (TypeError, ValueError) as exc:
             raise ServeError(str(exc)) from None
-        self._enter()
+        self._enter(model.name)
         return stream
 
-    def done(self) -> None:
-        """A stream from :meth:`stream` ended."""
-        self._leave()
+    def done(self, model: LoadedModel) -> None:
+        """A stream from :meth:`stream` on ``model`` ended."""
+        self._leave(model.name)
 
-    def _enter(self) -> None:
+    def pending(self, name: str) -> int:
+        """Requests of model ``name`` in flight now."""
+        with self._lock:
+            return self._pending.get(name, 0)
+
+    def _enter(self, name: str) -> None:
         with self._lock:
             self._inflight += 1
+            self._pending[name] = self._pending.get(name, 0) + 1
 
-    def _leave(self) -> None:
+    def _leave(self, name: str) -> None:
         with self._lock:
             self._inflight -= 1
+            self._pending[name] -= 1
             if self._inflight == 0:
                 self._idle.notify_all()
 

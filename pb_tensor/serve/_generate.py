@@ -119,7 +119,7 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
         except ServeError as exc:
             loop.call_soon_threadsafe(queue.put_nowait, exc)
         finally:
-            core.done()
+            core.done(model)
             loop.call_soon_threadsafe(queue.put_nowait, end)
 
     threading.Thread(target=run, name="pb-tensor-serve-generate", daemon=True).start()

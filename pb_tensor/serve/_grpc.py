@@ -24,7 +24,7 @@ from pb_tensor.serve._errors import (
     UNSUPPORTED,
     ServeError,
 )
-from pb_tensor.serve._http import EXTENSIONS, server_metadata
+from pb_tensor.serve._http import server_metadata
 from pb_tensor.serve._tensors import DTYPES, check_shape, datatype_of, from_raw, raw_bytes
 
 __all__ = ["serve_grpc"]
@@ -198,7 +198,7 @@ class _Service:
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         meta = server_metadata()
         return _M("ServerMetadataResponse")(name=meta["name"], version=meta["version"],
-                                            extensions=list(EXTENSIONS))
+                                            extensions=meta["extensions"])
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         try:
@@ -321,10 +321,23 @@ class _Service:
                 put(error(f"{type(exc).__name__}: {exc}"))
             finally:
                 streams.discard(stream)
-                self.core.done()
+                self.core.done(model)
                 put(done)
 
         threading.Thread(target=run, name="pb-tensor-serve-stream", daemon=True).start()
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        from google.protobuf import json_format
+
+        from pb_tensor.serve._stats import statistics
+
+        try:
+            entries = statistics(self.core, request.name, request.version)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        response = _M("ModelStatisticsResponse")()
+        json_format.ParseDict({"model_stats": entries}, response, ignore_unknown_fields=True)
+        return response
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         if request.repository_name:
@@ -379,12 +392,12 @@ _UNARY = {
     "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
     "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
     "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
+    "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse"),
     "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
     "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
     "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
 }
 _NOT_SUPPORTED = {
-    "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse"),
     "SystemSharedMemoryStatus": ("SystemSharedMemoryStatusRequest",
                                  "SystemSharedMemoryStatusResponse"),
     "SystemSharedMemoryRegister": ("SystemSharedMemoryRegisterRequest",

@@ -23,7 +23,7 @@ from pb_tensor.serve._errors import (
 )
 from pb_tensor.serve._http_infer import header_length, parse_infer, parse_json, render_infer
 
-__all__ = ["HttpApp", "server_metadata"]
+__all__ = ["EXTENSIONS", "HttpApp", "extensions", "server_metadata"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -50,7 +50,17 @@ def server_metadata() -> dict[str, Any]:
     """Triton's server metadata: name, version and the extensions served here."""
     from pb_tensor import __version__
 
-    return {"name": "triton", "version": __version__, "extensions": list(EXTENSIONS)}
+    return {"name": "triton", "version": __version__, "extensions": extensions()}
+
+
+def extensions() -> list[str]:
+    """Triton's extensions served here (``statistics`` where the runtime records them)."""
+    from pb_tensor.runtime import LoadedModel
+
+    found = list(EXTENSIONS)
+    if hasattr(LoadedModel, "statistics"):
+        found.append("statistics")
+    return found
 
 
 def _error_body(message: str) -> bytes:
@@ -103,6 +113,14 @@ class HttpApp:
             _need(method, "GET")
             await _reply(send, 200, self._metadata, _JSON)
             return
+        if path.rstrip("/") == "/v2/models/stats":
+            _need(method, "GET")
+            from pb_tensor.serve._stats import statistics
+
+            entries = statistics(core, "", "")
+            await _reply(send, 200, json.dumps({"model_stats": entries},
+                                               separators=(",", ":")).encode(), _JSON)
+            return
         match = _MODEL.match(path)
         if match is not None:
             name, version, action = match.group(1), match.group(2) or "", match.group(3)
@@ -120,6 +138,13 @@ class HttpApp:
             elif action is None:
                 _need(method, "GET")
                 await _reply(send, 200, _metadata(core, name, version), _JSON)
+            elif action == "stats":
+                _need(method, "GET")
+                from pb_tensor.serve._stats import statistics
+
+                entries = statistics(core, name, version)
+                await _reply(send, 200, json.dumps({"model_stats": entries},
+                                                   separators=(",", ":")).encode(), _JSON)
             elif action in ("generate", "generate_stream"):
                 _need(method, "POST")
                 model = core.model(name, version)

@@ -1,6 +1,6 @@
-"""The metrics endpoint (``/metrics`` on ``--metrics-port``) in Prometheus' text format: the
-models' own ``pb_utils.MetricFamily`` metrics, as Triton shows python_backend's custom
-metrics on the same endpoint."""
+"""The metrics endpoint (``/metrics`` on ``--metrics-port``) in Prometheus' text format:
+Triton's ``nv_inference_*`` families and the models' own ``pb_utils.MetricFamily`` metrics, as
+Triton shows python_backend's custom metrics on the same endpoint."""
 
 from __future__ import annotations
 
@@ -25,8 +25,11 @@ def _labels(labels: dict[str, str]) -> str:
 
 
 def render_metrics(core: Core) -> str:
-    """Prometheus text of every loaded model's custom metric families."""
-    lines: list[str] = []
+    """Prometheus text: Triton's ``nv_inference_*`` families, then every loaded model's
+    custom metric families."""
+    from pb_tensor.serve._stats import metric_lines
+
+    lines: list[str] = metric_lines(core)
     families: dict[str, dict[str, Any]] = {}
     for model in core.loaded_models():
         for name, family in model.metrics().items():
