@@ -171,3 +171,52 @@ def test_python_backend_example_clients(tmp_path: Any) -> None:
     finally:
         status, rest = serve.stop()
     assert status == 0, rest
+
+
+_SLEEPS = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(1.0)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+'''
+_SLEEPS_CONFIG = """
+name: "sleeps"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+
+
+def test_sigterm_drains_requests_in_flight(tmp_path: Any) -> None:
+    import json
+    import threading
+
+    (tmp_path / "sleeps" / "1").mkdir(parents=True)
+    (tmp_path / "sleeps" / "config.pbtxt").write_text(_SLEEPS_CONFIG)
+    (tmp_path / "sleeps" / "1" / "model.py").write_text(_SLEEPS)
+    serve = _Serve("--model-repository", str(tmp_path), "--http-port", "0", "--grpc-port", "0",
+                   "--metrics-port", "0")
+    answers: list[tuple[int, dict[str, Any]]] = []
+    try:
+        http_at = serve.until(r"Started HTTPService at (127\.0\.0\.1:\d+)").group(1)
+        body = json.dumps({"inputs": [{"name": "X", "datatype": "INT32", "shape": [2],
+                                       "data": [7, 8]}]}).encode()
+
+        def call() -> None:
+            status, _, data = raw(http_at, "POST", "/v2/models/sleeps/infer", body)
+            answers.append((status, json.loads(data)))
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(0.4)  # the request is in the model now
+    finally:
+        status, rest = serve.stop()
+    caller.join(30)
+    assert status == 0, rest
+    assert [(s, a["outputs"][0]["data"]) for s, a in answers] == [(200, [7, 8])]
