@@ -139,10 +139,15 @@ def test_stream_non_decoupled(server: Any) -> None:
         a = np.ones(3, dtype=np.float32)
         client.async_stream_infer("add_sub", _add_sub_inputs(a, a), request_id="n1")
         result, error = results.get(timeout=30)
+        client.async_stream_infer("add_sub", _add_sub_inputs(a, a[:2]), request_id="n2")
+        bad, bad_error = results.get(timeout=30)
         client.stop_stream()
     assert error is None
     assert result.as_numpy("OUTPUT0").tolist() == [2.0, 2.0, 2.0]
     assert result.get_response().parameters["triton_final_response"].bool_param
+    assert bad is None  # the model's error response, in the stream
+    assert bad_error.message() == (
+        "INPUT0 and INPUT1 must have the same shape, got (3,) and (2,)")
 
 
 def test_repository_control(triton_server: Any) -> None:

@@ -8,6 +8,7 @@ Triton's code and message.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -130,6 +131,9 @@ class Core:
         self._overrides: dict[str, tuple[ModelRepository, str]] = {}
         self._inflight = 0
         self._pending: dict[str, int] = {}
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=64, thread_name_prefix="pb-tensor-serve-infer"
+        )
         self._idle = threading.Condition(self._lock)
         self.live = True
         self.ready = False
@@ -336,6 +340,44 @@ class Core:
         Raises:
             ServeError: the request is invalid or the model answered with an error.
         """
+        if not self.options.in_process:
+            return await self._infer_future(model, inputs, requested, parameters, request_id,
+                                            correlation_id, flags)
+        # In-process, the request runs as a stream of its one response on a pool thread: the
+        # stream's cancel() reaches the model from here (infer_async's future costs a thread
+        # and, measured, ~0.5 ms more per request). With stub processes, a stream that ends
+        # in an error response waits for a final flag that does not come (bounded, 10 s), so
+        # there infer_async's future is used.
+        stream = self.stream(model, inputs, requested, parameters, request_id,
+                             correlation_id, flags)
+
+        def run() -> Outputs | None:
+            try:
+                first = None
+                for outputs in stream:
+                    if first is None:
+                        first = outputs
+                return first
+            finally:
+                self.done(model)
+
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(self._executor, run)
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        except InferenceError as exc:
+            raise inference_error(exc) from None
+        if result is None:
+            raise ServeError(f"model '{model.name}' sent no response for the request",
+                             INTERNAL)
+        return result
+
+    async def _infer_future(self, model: LoadedModel, inputs: Mapping[str, Any],
+                            requested: Sequence[str] | None, parameters: Mapping[str, Any],
+                            request_id: str, correlation_id: int | str, flags: int
+                            ) -> Outputs:
         self._enter(model.name)
         try:
             try:
@@ -415,3 +457,4 @@ class Core:
                 log.exception("unloading model '%s' failed", name)
         for repo in self._repositories:
             repo.close()
+        self._executor.shutdown(wait=False)

@@ -97,13 +97,17 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
         raise ServeError("Unable to parse request: attempt to access JSON non-object as "
                          "object")
     inputs, parameters = _inputs(model, request)
-    if not streaming:
-        if model.decoupled:
-            raise ServeError("generate for a model with decoupled transaction policy is not "
-                             "supported by pb-tensor serve: use generate_stream", UNSUPPORTED)
+    if not streaming and model.decoupled:
+        raise ServeError("generate for a model with decoupled transaction policy is not "
+                         "supported by pb-tensor serve: use generate_stream", UNSUPPORTED)
+    if not model.decoupled:  # one response
         outputs = await core.infer(model, inputs, None, parameters, "", 0, 0)
-        await _send_all(send, 200, [json.dumps(_render(model, outputs)).encode()],
-                        b"application/json")
+        text = json.dumps(_render(model, outputs))
+        if streaming:
+            await _send_all(send, 200, [f"data: {text}\n\n".encode()],
+                            b"text/event-stream; charset=utf-8")
+        else:
+            await _send_all(send, 200, [text.encode()], b"application/json")
         return
     stream = core.stream(model, inputs, None, parameters, "", 0, 0)
     loop = asyncio.get_running_loop()

@@ -288,6 +288,9 @@ class _Service:
         try:
             model = self.core.model(request.model_name, request.model_version)
             parsed = _Request(request, stream=True, writable=self.core.options.in_process)
+            if not model.decoupled:  # one response: run it as ModelInfer runs it
+                self._start_single(request, model, parsed, put, done, error, streams)
+                return
             stream = self.core.stream(
                 model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
                 parsed.correlation_id, parsed.flags,
@@ -338,6 +341,26 @@ class _Service:
         response = _M("ModelStatisticsResponse")()
         json_format.ParseDict({"model_stats": entries}, response, ignore_unknown_fields=True)
         return response
+
+    def _start_single(self, request: Any, model: Any, parsed: _Request, put: Any,
+                      done: object, error: Any, pending: set[Any]) -> None:
+        async def run() -> None:
+            try:
+                outputs = await self.core.infer(
+                    model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
+                    parsed.correlation_id, parsed.flags,
+                )  # fmt: skip
+                response = _response(request, model.version, outputs)
+                response.parameters["triton_final_response"].bool_param = True
+                put(_M("ModelStreamInferResponse")(infer_response=response))
+            except ServeError as exc:
+                put(error(exc.message))
+            finally:
+                pending.discard(task)
+                put(done)
+
+        task = asyncio.ensure_future(run())
+        pending.add(task)  # cancelled with the stream
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         if request.repository_name:
