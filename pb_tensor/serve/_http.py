@@ -266,7 +266,6 @@ class HttpApp:
             return
         outputs = task.result()
         parts, head_len = render_infer(name, model.version, call, outputs, outputs.parameters)
-        body_out = b"".join(parts) if len(parts) > 1 else bytes(parts[0])
         out_headers: list[tuple[bytes, bytes]] = []
         if head_len is None:
             out_headers.append((b"content-type", b"application/json"))
@@ -274,12 +273,17 @@ class HttpApp:
             out_headers.append((b"content-type", b"application/octet-stream"))
             out_headers.append((b"inference-header-content-length", str(head_len).encode()))
         accept = headers.get(b"accept-encoding")
-        if accept is not None:
-            chosen = _accepted(accept)
-            if chosen is not None:
-                body_out = _compress(body_out, chosen)
-                out_headers.append((b"content-encoding", chosen))
-        await _reply(send, 200, body_out, out_headers)
+        chosen = _accepted(accept) if accept is not None else None
+        if chosen is not None:
+            parts = [_compress(b"".join(parts), chosen)]
+            out_headers.append((b"content-encoding", chosen))
+        # The outputs go out as they are (views of the model's arrays): no joined copy.
+        size = sum(len(p) for p in parts)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [*out_headers, (b"content-length", str(size).encode())]})
+        for i, part in enumerate(parts):
+            await send({"type": "http.response.body", "body": part,
+                        "more_body": i < len(parts) - 1})
 
 
 def _need(method: str, wanted: str) -> None:
