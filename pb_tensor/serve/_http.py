@@ -153,7 +153,7 @@ class HttpApp:
                 if encoding != b"identity":
                     raise ServeError("Unsupported content-encoding, only 'identity' is "
                                      "supported.")
-                body = await _body(receive, core.options.max_input_size)
+                body = await _body(scope, receive, core.options.max_input_size)
                 from pb_tensor.serve._generate import generate
 
                 await generate(core, model, body, action == "generate_stream", receive, send)
@@ -166,7 +166,7 @@ class HttpApp:
             r"^/v2/repository/[^/]+/index/?$", path
         ):
             _need(method, "POST")
-            body = await _body(receive, core.options.max_input_size)
+            body = await _body(scope, receive, core.options.max_input_size)
             ready = False
             if body:
                 request = parse_json(body)
@@ -187,7 +187,7 @@ class HttpApp:
             if match.group(1) is not None:
                 raise ServeError("'repository_name' specification is not supported",
                                  UNSUPPORTED)
-            body = await _body(receive, core.options.max_input_size)
+            body = await _body(scope, receive, core.options.max_input_size)
             await self._control(send, match.group(2), match.group(3), body)
             return
         await _reply(send, 404, _error_body("Not Found"), _JSON)
@@ -242,7 +242,7 @@ class HttpApp:
                 UNSUPPORTED,
             )
         headers = dict(scope["headers"])
-        body = await _body(receive, core.options.max_input_size)
+        body = await _body(scope, receive, core.options.max_input_size)
         encoding = headers.get(b"content-encoding")
         if encoding is not None and encoding.strip().lower() != b"identity":
             body = _decompress(body, encoding.strip().lower(), core.options.max_input_size)
@@ -325,9 +325,16 @@ async def _reply(send: Send, status: int, body: bytes, headers: list[tuple[bytes
     await send({"type": "http.response.body", "body": body})
 
 
-async def _body(receive: Receive, limit: int) -> bytearray:
+async def _body(scope: Scope, receive: Receive, limit: int) -> bytearray:
     """The request body in a buffer of its own (writable: binary inputs are views of it that
-    the model may write into, as into its copy in Triton)."""
+    the model may write into, as into its copy in Triton). A ``Content-Length`` over
+    ``limit`` is refused before anything is read."""
+    for key, value in scope["headers"]:
+        if key == b"content-length" and value.isdigit() and int(value) > limit:
+            raise ServeError(
+                f"request JSON size of {int(value)} bytes exceeds the maximum allowed input "
+                f"size of {limit} bytes. Use --http-max-input-size to increase the limit."
+            )
     body = bytearray()
     while True:
         message = await receive()
