@@ -49,6 +49,15 @@ def test_health_and_server_metadata(client: Any, server: Any) -> None:
         404, raw(server.http_url, "GET", "/v2/nothing")[1], b'{"error":"Not Found"}')
 
 
+def test_extensions_not_served_say_so(server: Any) -> None:
+    for path, what in (("/v2/systemsharedmemory/status", "the system shared memory extension"),
+                       ("/v2/logging", "the logging extension"),
+                       ("/v2/trace/setting", "the trace extension")):
+        status, _, data = raw(server.http_url, "GET", path)
+        assert (status, json.loads(data)) == (
+            501, {"error": f"{what} is not supported by pb-tensor serve"})
+
+
 def test_model_ready_metadata_config(client: Any, server: Any) -> None:
     assert client.is_model_ready("add_sub")
     assert client.is_model_ready("add_sub", "1")

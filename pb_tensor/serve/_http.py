@@ -34,10 +34,17 @@ log = logging.getLogger("pb_tensor.serve")
 
 _MODEL = re.compile(
     r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats|generate|"
-    r"generate_stream))?/?$"
+    r"generate_stream|trace/setting))?/?$"
 )
 _REPO = re.compile(r"^/v2/repository(?:/([^/]+))?/models/([^/]+)/(load|unload)/?$")
 _JSON = [(b"content-type", b"application/json")]
+# Triton's endpoints of extensions not served here: 501 with a message saying so.
+_UNSUPPORTED = (
+    ("/v2/systemsharedmemory", "the system shared memory extension"),
+    ("/v2/cudasharedmemory", "the CUDA shared memory extension"),
+    ("/v2/trace", "the trace extension"),
+    ("/v2/logging", "the logging extension"),
+)
 EXTENSIONS = [
     "model_repository",
     "model_configuration",
@@ -190,6 +197,9 @@ class HttpApp:
             body = await _body(scope, receive, core.options.max_input_size)
             await self._control(send, match.group(2), match.group(3), body)
             return
+        for prefix, what in _UNSUPPORTED:
+            if path.startswith(prefix):
+                raise ServeError(f"{what} is not supported by pb-tensor serve", UNSUPPORTED)
         await _reply(send, 404, _error_body("Not Found"), _JSON)
 
     async def _ready(self, send: Send, name: str, version: str) -> None:
