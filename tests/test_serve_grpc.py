@@ -59,6 +59,13 @@ def test_unary_methods(client: Any) -> None:
     assert config["input"][0]["data_type"] == "TYPE_STRING"
     index = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}
     assert index["add_sub"]["state"] == "READY"
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_system_shared_memory_status()
+    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert caught.value.message() == (
+        "SystemSharedMemoryStatus is not supported by pb-tensor serve")
 
 
 def test_infer(client: Any) -> None:
