@@ -82,13 +82,16 @@ def main(args: argparse.Namespace) -> int:
     root = logging.getLogger("pb_tensor")
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if args.log_verbose > 0 else logging.INFO)
-    try:
-        from pb_tensor.serve._errors import ServeError
-        from pb_tensor.serve._server import Server
-    except ImportError as exc:
-        sys.stderr.write(f"error: {exc}: pb-tensor serve needs the serve extra "
-                         "(pip install 'pb-tensor[serve]')\n")
+    import importlib.util
+
+    missing = [m for m in ("uvicorn", "grpc", "google.protobuf")
+               if importlib.util.find_spec(m.split(".")[0]) is None]
+    if missing:
+        sys.stderr.write(f"error: pb-tensor serve needs the serve extra (missing: "
+                         f"{', '.join(missing)}): pip install -e \".[serve]\" in a clone\n")
         return 1
+    from pb_tensor.serve._errors import ServeError
+    from pb_tensor.serve._server import Server
     from pb_tensor.runtime import ModelLoadError
 
     stop = threading.Event()
