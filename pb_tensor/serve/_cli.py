@@ -90,9 +90,9 @@ def main(args: argparse.Namespace) -> int:
         sys.stderr.write(f"error: pb-tensor serve needs the serve extra (missing: "
                          f"{', '.join(missing)}): pip install -e \".[serve]\" in a clone\n")
         return 1
+    from pb_tensor.runtime import ModelLoadError
     from pb_tensor.serve._errors import ServeError
     from pb_tensor.serve._server import Server
-    from pb_tensor.runtime import ModelLoadError
 
     stop = threading.Event()
 
