@@ -62,10 +62,10 @@ def test_unary_methods(client: Any) -> None:
     from tritonclient.utils import InferenceServerException
 
     with pytest.raises(InferenceServerException) as caught:
-        client.get_system_shared_memory_status()
+        client.get_cuda_shared_memory_status()
     assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
     assert caught.value.message() == (
-        "SystemSharedMemoryStatus is not supported by pb-tensor serve")
+        "CudaSharedMemoryStatus is not supported by pb-tensor serve")
 
 
 def test_infer(client: Any) -> None:

@@ -32,6 +32,7 @@ from pb_tensor.serve._errors import (
     UNAVAILABLE,
     ServeError,
 )
+from pb_tensor.serve._shm import Regions
 
 __all__ = ["Core", "ModelState", "Options", "parse_version"]
 
@@ -131,6 +132,7 @@ class Core:
         self._overrides: dict[str, tuple[ModelRepository, str]] = {}
         self._inflight = 0
         self._pending: dict[str, int] = {}
+        self.regions = Regions()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=64, thread_name_prefix="pb-tensor-serve-infer"
         )
@@ -458,3 +460,4 @@ class Core:
         for repo in self._repositories:
             repo.close()
         self._executor.shutdown(wait=False)
+        self.regions.close()

@@ -25,6 +25,7 @@ from pb_tensor.serve._errors import (
     ServeError,
 )
 from pb_tensor.serve._http import server_metadata
+from pb_tensor.serve._shm import Regions, shm_input, shm_output, shm_target
 from pb_tensor.serve._tensors import DTYPES, check_shape, datatype_of, from_raw, raw_bytes
 
 __all__ = ["serve_grpc"]
@@ -70,9 +71,10 @@ def _set_param(p: Any, value: Any) -> None:
 class _Request:
     """A parsed ``ModelInferRequest``."""
 
-    __slots__ = ("correlation_id", "empty_final", "flags", "inputs", "parameters", "requested")
+    __slots__ = ("correlation_id", "empty_final", "flags", "inputs", "parameters", "requested",
+                 "shm")
 
-    def __init__(self, request: Any, stream: bool, writable: bool) -> None:
+    def __init__(self, request: Any, stream: bool, writable: bool, regions: Regions) -> None:
         self.correlation_id: int | str = 0
         self.flags = 0
         self.empty_final = False
@@ -110,14 +112,25 @@ class _Request:
             else:
                 self.parameters[key] = value
         self.requested = [o.name for o in request.outputs]
+        self.shm: dict[str, tuple[str, int, int]] = {}
+        for o in request.outputs:
+            target = shm_target({k: _param_value(v) for k, v in o.parameters.items()}, o.name)
+            if target is not None:
+                self.shm[o.name] = target
         self.inputs: dict[str, Any] = {}
         raw = request.raw_input_contents
         model = request.model_name
-        for index, io in enumerate(request.inputs):
+        index = 0
+        for io in request.inputs:
             shape = check_shape(io.name, list(io.shape))
             if "shared_memory_region" in io.parameters:
-                raise ServeError("shared memory inputs are not supported by pb-tensor serve",
-                                 UNSUPPORTED)
+                p = {k: _param_value(v) for k, v in io.parameters.items()}
+                data = shm_input(regions, io.name, p["shared_memory_region"],
+                                 p.get("shared_memory_offset", 0),
+                                 p.get("shared_memory_byte_size", 0))
+                self.inputs[io.name] = from_raw(io.name, io.datatype, shape, data, model,
+                                                request.id)
+                continue
             has_contents = io.HasField("contents")
             if has_contents and len(raw):
                 raise ServeError(
@@ -127,7 +140,8 @@ class _Request:
             if index < len(raw):
                 # In-process models take the inputs without a copy: a buffer of their own,
                 # writable as a stub's copy is (protobuf's bytes are read-only).
-                data: bytes | bytearray = bytearray(raw[index]) if writable else raw[index]
+                data = bytearray(raw[index]) if writable else raw[index]
+                index += 1
             elif has_contents:
                 data = self._contents(io, model)
             else:
@@ -161,15 +175,23 @@ class _Request:
             raise ServeError(f"a value of input '{io.name}' does not fit {io.datatype}") from None
 
 
-def _response(request: Any, version: int, outputs: Any) -> Any:
+def _response(request: Any, version: int, outputs: Any, parsed: _Request,
+              regions: Regions) -> Any:
     response = _M("ModelInferResponse")(
         model_name=request.model_name, model_version=str(version), id=request.id
     )
     for key, value in getattr(outputs, "parameters", {}).items():
         _set_param(response.parameters[key], value)
     for name, array in outputs.items():
-        response.outputs.add(name=name, datatype=datatype_of(array), shape=list(array.shape))
+        tensor = response.outputs.add(name=name, datatype=datatype_of(array),
+                                      shape=list(array.shape))
         blob = raw_bytes(array)
+        target = parsed.shm.get(name)
+        if target is not None:  # written into the region; an empty entry keeps the order
+            for key, value in shm_output(regions, name, target, blob).items():
+                _set_param(tensor.parameters[key], value)
+            response.raw_output_contents.append(b"")
+            continue
         response.raw_output_contents.append(blob if isinstance(blob, bytes) else bytes(blob))
     return response
 
@@ -232,12 +254,13 @@ class _Service:
             if model.decoupled:
                 raise ServeError("ModelInfer RPC doesn't support models with decoupled "
                                  "transaction policy", UNSUPPORTED)
-            parsed = _Request(request, stream=False, writable=self.core.options.in_process)
+            parsed = _Request(request, stream=False, writable=self.core.options.in_process,
+                              regions=self.core.regions)
             outputs = await self.core.infer(
                 model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
                 parsed.correlation_id, parsed.flags,
             )  # fmt: skip
-            return _response(request, model.version, outputs)
+            return _response(request, model.version, outputs, parsed, self.core.regions)
         except ServeError as exc:
             await self._fail(context, exc)
 
@@ -287,7 +310,8 @@ class _Service:
 
         try:
             model = self.core.model(request.model_name, request.model_version)
-            parsed = _Request(request, stream=True, writable=self.core.options.in_process)
+            parsed = _Request(request, stream=True, writable=self.core.options.in_process,
+                              regions=self.core.regions)
             if not model.decoupled:  # one response: run it as ModelInfer runs it
                 self._start_single(request, model, parsed, put, done, error, streams)
                 return
@@ -307,7 +331,7 @@ class _Service:
 
             try:
                 for outputs in stream:
-                    response = _response(request, model.version, outputs)
+                    response = _response(request, model.version, outputs, parsed, self.core.regions)
                     response.parameters["triton_final_response"].bool_param = not decoupled
                     put(_M("ModelStreamInferResponse")(infer_response=response))
                 if decoupled and parsed.empty_final:
@@ -350,7 +374,7 @@ class _Service:
                     model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
                     parsed.correlation_id, parsed.flags,
                 )  # fmt: skip
-                response = _response(request, model.version, outputs)
+                response = _response(request, model.version, outputs, parsed, self.core.regions)
                 response.parameters["triton_final_response"].bool_param = True
                 put(_M("ModelStreamInferResponse")(infer_response=response))
             except ServeError as exc:
@@ -361,6 +385,30 @@ class _Service:
 
         task = asyncio.ensure_future(run())
         pending.add(task)  # cancelled with the stream
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        try:
+            entries = self.core.regions.status(request.name)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        response = _M("SystemSharedMemoryStatusResponse")()
+        for e in entries:
+            status = response.regions[e["name"]]
+            status.name, status.key = e["name"], e["key"]
+            status.offset, status.byte_size = e["offset"], e["byte_size"]
+        return response
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        try:
+            self.core.regions.register(request.name, request.key, request.offset,
+                                       request.byte_size)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        return _M("SystemSharedMemoryRegisterResponse")()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self.core.regions.unregister(request.name)
+        return _M("SystemSharedMemoryUnregisterResponse")()
 
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         if request.repository_name:
@@ -417,16 +465,16 @@ _UNARY = {
     "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
     "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse"),
     "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
+    "SystemSharedMemoryUnregister": ("SystemSharedMemoryUnregisterRequest",
+                                     "SystemSharedMemoryUnregisterResponse"),
+    "SystemSharedMemoryRegister": ("SystemSharedMemoryRegisterRequest",
+                                   "SystemSharedMemoryRegisterResponse"),
+    "SystemSharedMemoryStatus": ("SystemSharedMemoryStatusRequest",
+                                 "SystemSharedMemoryStatusResponse"),
     "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
     "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
 }
 _NOT_SUPPORTED = {
-    "SystemSharedMemoryStatus": ("SystemSharedMemoryStatusRequest",
-                                 "SystemSharedMemoryStatusResponse"),
-    "SystemSharedMemoryRegister": ("SystemSharedMemoryRegisterRequest",
-                                   "SystemSharedMemoryRegisterResponse"),
-    "SystemSharedMemoryUnregister": ("SystemSharedMemoryUnregisterRequest",
-                                     "SystemSharedMemoryUnregisterResponse"),
     "CudaSharedMemoryStatus": ("CudaSharedMemoryStatusRequest",
                                "CudaSharedMemoryStatusResponse"),
     "CudaSharedMemoryRegister": ("CudaSharedMemoryRegisterRequest",

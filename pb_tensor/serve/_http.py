@@ -36,17 +36,18 @@ _MODEL = re.compile(
     r"^/v2/models/([^/]+)(?:/versions/([0-9]+))?(?:/(infer|ready|config|stats|generate|"
     r"generate_stream|trace/setting))?/?$"
 )
+_SHM = re.compile(r"^/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)/?$")
 _REPO = re.compile(r"^/v2/repository(?:/([^/]+))?/models/([^/]+)/(load|unload)/?$")
 _JSON = [(b"content-type", b"application/json")]
 # Triton's endpoints of extensions not served here: 501 with a message saying so.
 _UNSUPPORTED = (
-    ("/v2/systemsharedmemory", "the system shared memory extension"),
     ("/v2/cudasharedmemory", "the CUDA shared memory extension"),
     ("/v2/trace", "the trace extension"),
     ("/v2/logging", "the logging extension"),
 )
 EXTENSIONS = [
     "model_repository",
+    "system_shared_memory",
     "model_configuration",
     "binary_tensor_data",
     "parameters",
@@ -197,10 +198,45 @@ class HttpApp:
             body = await _body(scope, receive, core.options.max_input_size)
             await self._control(send, match.group(2), match.group(3), body)
             return
+        match = _SHM.match(path)
+        if match is not None:
+            await self._shm(scope, receive, send, match.group(1) or "", match.group(2))
+            return
         for prefix, what in _UNSUPPORTED:
             if path.startswith(prefix):
                 raise ServeError(f"{what} is not supported by pb-tensor serve", UNSUPPORTED)
         await _reply(send, 404, _error_body("Not Found"), _JSON)
+
+    async def _shm(self, scope: Scope, receive: Receive, send: Send, name: str,
+                   action: str) -> None:
+        regions = self._core.regions
+        if action == "status":
+            _need(scope["method"], "GET")
+            body = json.dumps(regions.status(name), separators=(",", ":")).encode()
+            await _reply(send, 200, body, _JSON)
+            return
+        _need(scope["method"], "POST")
+        if action == "unregister":
+            regions.unregister(name)
+            await _reply(send, 200, b"", _JSON)
+            return
+        if not name:
+            raise ServeError("'region name' is necessary to register system shared memory "
+                             "region")
+        request = parse_json(await _body(scope, receive, self._core.options.max_input_size))
+        if not isinstance(request, dict):
+            raise ServeError("Shared memory register request has no 'key' field")
+        key = request.get("key")
+        if not isinstance(key, str):
+            raise ServeError("Shared memory register request has no 'key' field")
+        offset = request.get("offset", 0)
+        byte_size = request.get("byte_size")
+        if type(byte_size) is not int:
+            raise ServeError("Shared memory register request has no 'byte_size' field")
+        if type(offset) is not int:
+            raise ServeError("Unable to parse 'offset'")
+        regions.register(name, key, offset, byte_size)
+        await _reply(send, 200, b"", _JSON)
 
     async def _ready(self, send: Send, name: str, version: str) -> None:
         try:
@@ -259,7 +295,7 @@ class HttpApp:
         raw_len = headers.get(b"inference-header-content-length")
         call = parse_infer(
             body, header_length(raw_len.decode("latin-1") if raw_len else None, len(body)),
-            name, core.options.max_input_size,
+            name, core.options.max_input_size, core.regions,
         )  # fmt: skip
         task = asyncio.ensure_future(core.infer(
             model, call.inputs, call.requested, call.parameters, call.request_id,
@@ -275,7 +311,8 @@ class HttpApp:
             await asyncio.gather(task, return_exceptions=True)
             return
         outputs = task.result()
-        parts, head_len = render_infer(name, model.version, call, outputs, outputs.parameters)
+        parts, head_len = render_infer(name, model.version, call, outputs, outputs.parameters,
+                                       core.regions)
         out_headers: list[tuple[bytes, bytes]] = []
         if head_len is None:
             out_headers.append((b"content-type", b"application/json"))

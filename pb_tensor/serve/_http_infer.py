@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from pb_tensor.serve._errors import UNSUPPORTED, ServeError
+from pb_tensor.serve._shm import Regions, shm_input, shm_output, shm_target
 from pb_tensor.serve._tensors import (
     check_shape,
     datatype_of,
@@ -77,6 +78,7 @@ class InferCall:
     correlation_id: int | str = 0
     flags: int = 0
     has_id: bool = False
+    shm: dict[str, tuple[str, int, int]] = dataclasses.field(default_factory=dict)
 
 
 def header_length(value: str | None, content_length: int) -> int | None:
@@ -115,8 +117,8 @@ def _member(obj: dict[str, Any], key: str, kind: type, text: str, what: str) -> 
     return value
 
 
-def parse_infer(body: bytearray, header_len: int | None, model: str, max_input: int
-                ) -> InferCall:
+def parse_infer(body: bytearray, header_len: int | None, model: str, max_input: int,
+                regions: Regions) -> InferCall:
     """The inputs, requested outputs and parameters of an HTTP inference request.
 
     Raises:
@@ -149,8 +151,11 @@ def parse_infer(body: bytearray, header_len: int | None, model: str, max_input: 
             raise ServeError("Unable to parse 'parameters': attempt to access JSON non-object "
                              "as object")
         if "shared_memory_region" in params:
-            raise ServeError("shared memory inputs are not supported by pb-tensor serve",
-                             UNSUPPORTED)
+            data = shm_input(regions, name, params["shared_memory_region"],
+                             params.get("shared_memory_offset", 0),
+                             params.get("shared_memory_byte_size", 0))
+            inputs[name] = from_raw(name, datatype, shape, data, model, request_id)
+            continue
         if "binary_data_size" in params:
             size = params["binary_data_size"]
             if type(size) is not int or size < 0:
@@ -195,10 +200,13 @@ def parse_infer(body: bytearray, header_len: int | None, model: str, max_input: 
             if "classification" in params:
                 raise ServeError("classification outputs are not supported by pb-tensor serve",
                                  UNSUPPORTED)
-            if "shared_memory_region" in params:
-                raise ServeError("shared memory outputs are not supported by pb-tensor serve",
-                                 UNSUPPORTED)
             call.requested.append(name)
+            target = shm_target(params, name)
+            if target is not None:
+                if params.get("binary_data") is True:
+                    raise ServeError("Output can't set both 'shared_memory_region' and "
+                                     "'binary_data'")
+                call.shm[name] = target
             binary = params.get("binary_data")
             if binary is not None:
                 if not isinstance(binary, bool):
@@ -266,13 +274,13 @@ def _parse_parameters(request: dict[str, Any], call: InferCall) -> None:
 
 def render_infer(
     model: str, version: int, call: InferCall, outputs: dict[str, np.ndarray[Any, Any]],
-    parameters: dict[str, Any],
+    parameters: dict[str, Any], regions: Regions,
 ) -> tuple[list[bytes | memoryview], int | None]:
     """The response body parts and the JSON header's length (None when every output is in
     the JSON).
 
     Raises:
-        ServeError: an FP16 output asked for as JSON.
+        ServeError: an FP16 output asked for as JSON; a shared-memory region too small.
     """
     out_json: list[dict[str, Any]] = []
     blobs: list[bytes | memoryview] = []
@@ -280,7 +288,10 @@ def render_infer(
         entry: dict[str, Any] = {
             "name": name, "datatype": datatype_of(array), "shape": list(array.shape),
         }
-        if call.binary.get(name, call.binary_default):
+        target = call.shm.get(name)
+        if target is not None:
+            entry["parameters"] = shm_output(regions, name, target, raw_bytes(array))
+        elif call.binary.get(name, call.binary_default):
             blob = raw_bytes(array)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
