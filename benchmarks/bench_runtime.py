@@ -6,7 +6,10 @@ Targets (issue 11):
   model's ``execute`` directly with prebuilt requests;
 * isolated ``infer`` with 4 KiB inputs: at most 2x a ``multiprocessing.Pipe`` round trip that
   pickles the same inputs and outputs; with 64 MiB inputs at most 0.2x of it (zero-copy wins);
-* requests per second for a stream of add_sub requests, isolated and in-process (reported).
+* requests per second for a stream of add_sub requests, isolated and in-process (reported);
+* scheduling (issue 19): add_sub with ``dynamic_batching`` and 16 concurrent callers, stub
+  process, at least 4x the throughput of the same model without it (mean batch size
+  printed); two instances of a model that sleeps 10 ms at least 1.8x the throughput of one.
 
 Usage: ``python benchmarks/bench_runtime.py [--quick]``. Medians of repeated runs; ratios are
 computed within the run from interleaved rounds, so machine speed and load changes cancel
@@ -18,8 +21,11 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -80,6 +86,110 @@ def _echo_server(conn: Connection) -> None:
             return
         a, b = msg
         conn.send((a + b, a - b))
+
+
+_SLEEP_MODEL = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            time.sleep(0.01)
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(request, "IN")
+                                 .as_numpy())]))
+        return out
+"""
+
+
+def _scheduling_repository(root: str) -> None:
+    """add_sub that batches (16 x (16,) float32), with and without a batcher; a model that
+    sleeps 10 ms per request, with one and two instances."""
+    io = """
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+"""
+    for name, extra in (("add_sub_plain", ""), ("add_sub_batched", "dynamic_batching { }")):
+        os.makedirs(os.path.join(root, name, "1"))
+        shutil.copy(os.path.join(EXAMPLES, "add_sub", "1", "model.py"),
+                    os.path.join(root, name, "1", "model.py"))
+        with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
+            f.write(f'backend: "python"\nmax_batch_size: 16\n{io}{extra}\n')
+    for name, count in (("sleep_one", 1), ("sleep_two", 2)):
+        os.makedirs(os.path.join(root, name, "1"))
+        with open(os.path.join(root, name, "1", "model.py"), "w") as f:
+            f.write(_SLEEP_MODEL)
+        with open(os.path.join(root, name, "config.pbtxt"), "w") as f:
+            f.write('backend: "python"\n'
+                    'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                    'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                    f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]\n")
+
+
+def _concurrent_rps(call: Callable[[], object], callers: int, per_caller: int) -> float:
+    """Requests per second of ``callers`` threads each making ``per_caller`` calls."""
+    barrier = threading.Barrier(callers + 1)
+
+    def work() -> None:
+        barrier.wait()
+        for _ in range(per_caller):
+            call()
+
+    threads = [threading.Thread(target=work) for _ in range(callers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    return callers * per_caller / (time.perf_counter() - start)
+
+
+def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> None:
+    root = tempfile.mkdtemp(prefix="pb-tensor-bench-")
+    try:
+        _scheduling_repository(root)
+        a = np.arange(16, dtype=np.float32)[None, :]
+        b = np.ones((1, 16), dtype=np.float32)
+        rounds = 2 if quick else 4
+        per_caller = 25 if quick else 100
+        with ModelRepository(root) as repo:
+            plain = repo.load("add_sub_plain", isolated=True)
+            batched = repo.load("add_sub_batched", isolated=True)
+            out = batched.infer({"INPUT0": a, "INPUT1": b})
+            np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+            pairs = []
+            for _ in range(rounds):
+                p = _concurrent_rps(lambda: plain.infer({"INPUT0": a, "INPUT1": b}), 16,
+                                    per_caller)
+                q = _concurrent_rps(lambda: batched.infer({"INPUT0": a, "INPUT1": b}), 16,
+                                    per_caller)
+                pairs.append((p, q))
+            stats = batched.statistics()
+            mean_batch = stats["inference_count"] / max(1, stats["execution_count"])
+            lines.append("add_sub (16,) float32 x 16 concurrent callers, stub process")
+            plain_rps = statistics.median(p for p, _ in pairs)
+            report("  without dynamic_batching", f"{plain_rps:9.0f} req/s")
+            report(f"  dynamic_batching (mean batch {mean_batch:.1f}) (target >= 4x)",
+                   f"{statistics.median(q for _, q in pairs):9.0f} req/s",
+                   statistics.median(q / p for p, q in pairs), 4.0, higher_is_worse=False)
+            one = repo.load("sleep_one", isolated=True)
+            two = repo.load("sleep_two", isolated=True)
+            x = {"IN": np.ones(1, np.float32)}
+            n = 10 if quick else 40
+            pairs = [(_concurrent_rps(lambda: one.infer(x), 4, n),
+                      _concurrent_rps(lambda: two.infer(x), 4, n)) for _ in range(rounds)]
+            lines.append("model sleeping 10 ms per request, 4 concurrent callers, stub process")
+            report("  one instance", f"{statistics.median(p for p, _ in pairs):9.0f} req/s")
+            report("  two instances (target >= 1.8x)",
+                   f"{statistics.median(q for _, q in pairs):9.0f} req/s",
+                   statistics.median(q / p for p, q in pairs), 1.8, higher_is_worse=False)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _row(name: str, value: str, ratio: str = "", verdict: str = "") -> str:
@@ -185,6 +295,8 @@ def main() -> int:
         lines.append("stream of add_sub requests, two (16,) float32 inputs")
         report("  in-process", f"{inproc_rps:9.0f} req/s")
         report("  isolated (stub process)", f"{iso_rps:9.0f} req/s")
+
+    _scheduling(args.quick, report, lines)
 
     sys.stdout.write("\n".join(lines) + "\n")
     passed = sum(verdicts)

@@ -10,6 +10,7 @@ returned), shared by both.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
@@ -31,7 +32,7 @@ from pb_tensor.runtime._stub_report import emit_record, how_it_ended, wanted_log
 from pb_tensor.runtime._tracker import Cancellation, Reply, Tracker
 from pb_tensor.shm import SharedMemoryPool
 
-__all__ = ["Engine", "StubEngine", "StubFailure"]
+__all__ = ["Cancels", "Engine", "Handler", "StubEngine", "StubFailure"]
 
 log = logging.getLogger("pb_tensor.runtime")
 
@@ -44,7 +45,7 @@ class Engine(Protocol):
     """What :class:`~pb_tensor.runtime.LoadedModel` runs requests on."""
 
     def run(
-        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None
     ) -> Iterable[Reply]: ...
     def metrics(self) -> dict[str, Any]: ...
     def is_ready(self) -> tuple[bool, str | None]: ...
@@ -71,6 +72,11 @@ def _kill(proc: subprocess.Popen[bytes], channel: Channel) -> None:
             proc.kill()
         with contextlib.suppress(Exception):
             proc.wait(5)
+
+
+Cancels = Cancellation | Sequence[Cancellation | None] | None
+"""A run's cancellation: one for the whole batch, or one per request (the dynamic
+batcher's batches hold requests of different callers)."""
 
 
 Handler = Callable[["StubEngine", str, list[Tensor], Any], None]
@@ -183,6 +189,13 @@ class StubEngine:
                     return kind, tensors, body
                 self._handler(self, kind, tensors, body)
         except (ChannelClosed, _NoAnswer) as exc:
+            if self.info is not None and isinstance(exc, ChannelClosed):
+                # The stub died in initialize (Triton's launcher: the stub is not healthy).
+                ended = how_it_ended(self.proc)
+                self.kill()
+                raise StubFailure(
+                    f"Stub process '{self.info.instance_name}' is not healthy.{ended}"
+                ) from None
             self.kill()
             raise StubFailure(
                 f"Stub process for model '{self.name}' failed to start: {exc}"
@@ -213,7 +226,7 @@ class StubEngine:
 
     # -- requests -----------------------------------------------------------------------------
     def run(
-        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None
     ) -> Iterator[Reply]:
         info = self.info
         if info is None:
@@ -233,12 +246,18 @@ class StubEngine:
             tensors.extend(r.inputs)
             body.append((len(r.inputs), r.requested_outputs, r.request_id, r.correlation_id,
                          r.flags, r.parameters, r.timeout_us))
-        unsubscribe = None
+        unsubscribe: list[Callable[[], None]] = []
         try:
             self._sync_log_level(channel)
             channel.send("execute", body, tensors)
-            if cancel is not None:
-                unsubscribe = cancel.subscribe(lambda: _send_cancel(channel, len(batch)))
+            if isinstance(cancel, Cancellation):
+                unsubscribe.append(cancel.subscribe(lambda: _send_cancel(channel, len(batch))))
+            elif cancel is not None:
+                for index, c in enumerate(cancel):
+                    if c is not None:
+                        unsubscribe.append(c.subscribe(
+                            functools.partial(_send_cancel, channel, 1, index)
+                        ))  # fmt: skip
             received = 0
             while not tracker.finished:
                 kind, out, msg = self._next(deadline)
@@ -282,8 +301,8 @@ class StubEngine:
                 )
             )
         finally:
-            if unsubscribe is not None:
-                unsubscribe()
+            for undo in unsubscribe:
+                undo()
             if not tracker.finished and self.channel is not None:
                 # The caller stopped reading early: cancel and drain, so the channel stays
                 # in step; a stub that does not finish in time is killed.
@@ -361,10 +380,11 @@ class StubEngine:
         return error
 
 
-def _send_cancel(channel: Channel, size: int) -> None:
-    """Tell the stub the caller cancelled the requests of the running batch."""
+def _send_cancel(channel: Channel, size: int, first: int = 0) -> None:
+    """Tell the stub the caller cancelled requests ``first .. first + size - 1`` of the
+    running batch."""
     with contextlib.suppress(ChannelClosed):
-        for index in range(size):
+        for index in range(first, first + size):
             channel.send("cancel", index)
 
 

@@ -31,6 +31,7 @@ from pb_tensor.runtime._model_code import ExecuteOnlyBls, ModelCode, model_argv
 from pb_tensor.runtime._reshape import output_reshapes, reshape_outputs
 from pb_tensor.runtime._seam import (
     BLS_OUTSIDE_EXECUTE_MESSAGE,
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     InferenceRequest,
     InferenceResponse,
     InferenceResponseSender,
@@ -40,6 +41,7 @@ from pb_tensor.runtime._seam import (
     close_sender,
     created_senders,
     new_request,
+    release_flags,
     sender_is_closed,
     set_backend,
 )
@@ -310,6 +312,11 @@ class ModelHost:
         try:
             with self._model_code():
                 result = fn()
+                if asyncio.iscoroutine(result):
+                    # As upstream's stub: an ``async def is_ready`` runs on the model's loop.
+                    result = asyncio.run_coroutine_threadsafe(
+                        _await_serving(self._backend, result), self._event_loop()
+                    ).result()
         except Exception as exc:
             return False, format_exception(exc)
         finally:
@@ -471,6 +478,11 @@ class ModelHost:
         for index, (request, response) in enumerate(zip(requests, returned)):
             if response is None:
                 continue
+            if release_flags(request) == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                return (  # upstream's text, typo included
+                    "Expected a None object in the execute function return list for "
+                    f"reschduled request, found type '{type(response)}'."
+                )
             if not isinstance(response, InferenceResponse):
                 return (
                     "Expected an 'InferenceResponse' object in the execute function return "

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from pb_tensor.runtime._engines import Cancels
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import HostInfo, ModelHost, RequestData
 from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
@@ -39,12 +40,21 @@ def _reply_from(index: int, response: InferenceResponse | None, flags: int) -> R
 Event = tuple[int, InferenceResponse | None, int]
 
 
-def _checker(cancel: Cancellation | None, cancelled: set[int]) -> Callable[[int], bool]:
+def _checker(cancel: Cancels, cancelled: set[int]) -> Callable[[int], bool]:
     """``is_cancelled(index)`` of a run: the caller cancelled, or the runtime gave up on
     the request (timeout, early stop)."""
     if cancel is None:
         return cancelled.__contains__
-    return lambda index: cancel.cancelled or index in cancelled
+    if isinstance(cancel, Cancellation):
+        whole = cancel
+        return lambda index: whole.cancelled or index in cancelled
+    each = list(cancel)
+
+    def check(index: int) -> bool:
+        c = each[index]
+        return index in cancelled or (c is not None and c.cancelled)
+
+    return check
 
 
 def _timed_out(instance_name: str, timeout: float | None) -> InferenceError:
@@ -82,7 +92,7 @@ class InProcessEngine:
         return None
 
     def run(
-        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None
     ) -> Iterable[Reply]:
         copy = not self.host.info.share_inputs
         for data in batch:
@@ -145,7 +155,7 @@ class InProcessEngine:
                 yield from tracker.reply(_reply_from(*item))
 
     def _run_decoupled(
-        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancels
     ) -> Iterator[Reply]:
         """``execute`` runs in a thread of its own while this one reads the responses as
         they come, as a Triton client reads a stub's: a cancellation or a BLS caller's

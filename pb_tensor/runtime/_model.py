@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -12,23 +13,23 @@ from typing import TYPE_CHECKING, Any
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
 from pb_tensor.runtime._bls import StubBls
 from pb_tensor.runtime._calls import InferFuture, ResponseStream, start, stream_outputs
-from pb_tensor.runtime._engines import Engine, StubEngine
+from pb_tensor.runtime._engines import StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._inprocess import InProcessEngine
 from pb_tensor.runtime._placement import gpu_refusal
-from pb_tensor.runtime._queue import queue_policy
+from pb_tensor.runtime._scheduling import (
+    Instance,
+    Scheduler,
+    Statistics,
+    merge_metrics,
+    unloaded_error,
+)
 from pb_tensor.runtime._seam import (
     InferenceRequest,
     TritonError,
 )
-from pb_tensor.runtime._tracker import (
-    FINAL,
-    Cancellation,
-    Reply,
-    acts_for,
-    cancelled_error,
-)
+from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply
 from pb_tensor.runtime._validate import ModelSpec, array_tensors, validate_request
 from pb_tensor.runtime._values import InputValue, Outputs, ParameterValue, outputs_of, to_tensor
 
@@ -39,20 +40,18 @@ if TYPE_CHECKING:
 
 __all__ = ["LoadedModel"]
 
-
-def _cancelled(where: list[int]) -> list[Reply]:
-    """The replies of requests cancelled before they ran."""
-    return [Reply(i, [], cancelled_error(), "{}", FINAL, False) for i in where]
-
 log = logging.getLogger("pb_tensor.runtime")
+
 
 class LoadedModel:
     """A model version loaded by :meth:`ModelRepository.load`, ready for requests.
 
     Requests are validated against the configuration as Triton validates them, then run by
-    the model's ``execute`` (in its stub process, or here with ``isolated=False``). Calls on
-    one model are serialized, as on a single Triton instance. A context manager: leaving it
-    calls :meth:`unload`.
+    the model's ``execute`` (in its stub processes, or here with ``isolated=False``). The
+    ``instance_group`` count gives that many instances; concurrent requests run on idle
+    ones, one request per ``execute`` call, or gathered into batches by the dynamic batcher
+    when ``dynamic_batching`` is configured. A context manager: leaving it calls
+    :meth:`unload`.
     """
 
     def __init__(
@@ -77,22 +76,19 @@ class LoadedModel:
         self._decoupled = decoupled
         self._instance_name = instance_name
         self._timeout = timeout
-        self._engine: Engine | None = None
-        # Replies are complete when the engine's run returns (in-process, not decoupled):
-        # they need no generator holding the lock between them.
-        self._eager = False
-        self._lock = threading.RLock()
-        self._busy_thread: int | None = None
+        self._scheduler: Scheduler | None = None
+        self._instances: list[Instance] = []
+        self._lock = threading.Lock()
         self._stub_bls = StubBls(self.bls_data_replies)
-        self._queue_policy = queue_policy(config)
         self._input_dtypes: dict[str, Any] = {}
         for io in spec.inputs:
             if io.dtype != TritonDtype.TYPE_BYTES:
                 self._input_dtypes[io.name] = triton_to_numpy_type(io.dtype)
 
-    def _attach(self, engine: Engine) -> None:
-        self._engine = engine
-        self._eager = isinstance(engine, InProcessEngine) and not self._decoupled
+    def _attach(self, instances: list[Instance]) -> None:
+        eager = isinstance(instances[0].engine, InProcessEngine) and not self._decoupled
+        self._instances = instances
+        self._scheduler = Scheduler(self._name, self._config, instances, eager)
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -124,18 +120,42 @@ class LoadedModel:
 
     @property
     def instance_name(self) -> str:
-        """The instance name Triton would give it (``<model>_0_0``)."""
+        """The name Triton gives its first instance (``<model>_0_0``)."""
         return self._instance_name
 
     @property
+    def instance_names(self) -> list[str]:
+        """The names Triton gives its instances (``<group>_<index>``, group by group)."""
+        return [i.name for i in self._instances]
+
+    @property
     def pid(self) -> int | None:
-        """The stub's process id (None in-process or while no stub runs)."""
-        return None if self._engine is None else self._engine.pid
+        """The first instance's stub process id (None in-process or while no stub runs)."""
+        return self._instances[0].engine.pid if self.loaded else None
+
+    @property
+    def pids(self) -> list[int | None]:
+        """The stub process id of each instance (None in-process)."""
+        return [i.engine.pid for i in self._instances] if self.loaded else []
 
     @property
     def loaded(self) -> bool:
         """False once :meth:`unload` ran."""
-        return self._engine is not None
+        scheduler = self._scheduler
+        return scheduler is not None and not scheduler.instances.closed
+
+    def statistics(self) -> dict[str, Any]:
+        """This version's entry of Triton's statistics extension (``model_stats``):
+        ``name``, ``version``, ``last_inference`` (ms since the epoch),
+        ``inference_count`` (batch elements of successful requests), ``execution_count``
+        (``execute`` calls), ``inference_stats`` (``success``, ``fail``, ``queue``,
+        ``compute_input``, ``compute_infer``, ``compute_output``, ``cache_hit``,
+        ``cache_miss``; each ``{"count", "ns"}``), ``response_stats``, ``batch_stats``
+        (per batch size) and ``memory_usage``, recorded as Triton's core records them."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return Statistics().entry(self._name, self._version)
+        return scheduler.stats.entry(self._name, self._version)
 
     # -- requests -----------------------------------------------------------------------------
     def _request(
@@ -167,12 +187,13 @@ class LoadedModel:
         )
 
     def _replies(
-        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None,
+        priority: int = 0,
     ) -> Iterable[Reply]:
         """Validate, run, and give every reply (errors included) with batch indexes: a list
         when the engine's run completes them all at once, else a generator. ``cancel``: the
         caller's cancellation of the batch (a batch cancelled while queued does not run)."""
-        arrival = time.monotonic() if self._queue_policy is not None else 0.0
+        start_ns = time.monotonic_ns()
         early: list[Reply] = []
         valid: list[RequestData] = []
         where: list[int] = []
@@ -194,77 +215,23 @@ class LoadedModel:
                     continue
             valid.append(data)
             where.append(i)
+        scheduler = self._scheduler
+        if scheduler is None:  # a request during initialize
+            error = unloaded_error(self._name)
+            return early + [Reply(i, [], error, "{}", FINAL, False) for i in where]
+        if early:
+            end = time.monotonic_ns()
+            for _ in early:
+                scheduler.stats.failure(start_ns, end)
         if not valid:
             return early
-        busy = self._busy_thread
-        if busy is not None and acts_for(busy):
-            error = InferenceError(
-                f"model '{self._name}' has one instance and this thread is already using it "
-                "(a BLS request to itself, or a request made while iterating its stream)",
-                TritonError.UNAVAILABLE,
-            )
-            early.extend(Reply(i, [], error, "{}", FINAL, False) for i in where)
-            return early
-        if not self._eager:
-            return self._run_lazily(early, valid, where, timeout, cancel, arrival)
-        with self._lock:
-            engine = self._engine
-            if engine is None:
-                early.extend(self._unloaded(where))
-                return early
-            if cancel is not None and cancel.cancelled:
-                early.extend(_cancelled(where))
-                return early
-            if self._queue_policy is not None:
-                valid, where, rejected = self._queue_policy.reject_expired(valid, where, arrival)
-                early.extend(rejected)
-                if not valid:
-                    return early
-            self._busy_thread = threading.get_ident()
-            try:
-                ran = engine.run(valid, self._timeout if timeout is None else timeout, cancel)
-                replies = ran if type(ran) is list else list(ran)
-            finally:
-                self._busy_thread = None
+        ran = scheduler.run(valid, where, self._timeout if timeout is None else timeout,
+                            cancel, start_ns, priority)  # fmt: skip
         if not early:
-            return replies  # every request ran: the indexes are the batch's already
-        for reply in replies:
-            reply.index = where[reply.index]
-        early.extend(replies)
-        return early
-
-    def _unloaded(self, where: list[int]) -> list[Reply]:
-        error = InferenceError(
-            f"Request for unknown model: '{self._name}' is not found", TritonError.INVALID_ARG
-        )
-        return [Reply(i, [], error, "{}", FINAL, False) for i in where]
-
-    def _run_lazily(
-        self, early: list[Reply], valid: list[RequestData], where: list[int],
-        timeout: float | None, cancel: Cancellation | None, arrival: float,
-    ) -> Iterator[Reply]:
-        yield from early
-        with self._lock:
-            engine = self._engine
-            if engine is None:
-                yield from self._unloaded(where)
-                return
-            if cancel is not None and cancel.cancelled:
-                yield from _cancelled(where)
-                return
-            if self._queue_policy is not None:
-                valid, where, rejected = self._queue_policy.reject_expired(valid, where, arrival)
-                yield from rejected
-                if not valid:
-                    return
-            self._busy_thread = threading.get_ident()
-            try:
-                run = engine.run(valid, self._timeout if timeout is None else timeout, cancel)
-                for reply in run:
-                    reply.index = where[reply.index]
-                    yield reply
-            finally:
-                self._busy_thread = None
+            return ran
+        if type(ran) is list:
+            return early + ran
+        return itertools.chain(early, ran)
 
     def infer(
         self,
@@ -276,12 +243,14 @@ class LoadedModel:
         flags: int = 0,
         request_id: str = "",
         timeout: float | None = None,
+        priority: int = 0,
     ) -> Outputs:
         """Run one request; its outputs by name.
 
         ``requested_outputs`` defaults to every configured output; ``parameters`` reach the
         model as ``request.parameters()`` (a JSON object); ``timeout`` (seconds) overrides
-        the model's.
+        the model's; ``priority`` picks the dynamic batcher's priority level (0: the
+        default level).
 
         Raises:
             InferenceError: the request is invalid for the configuration, the model answered
@@ -292,14 +261,15 @@ class LoadedModel:
         __tracebackhide__ = True  # pytest shows the test's line, not the runtime's frames
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
-        return self._first_outputs(data, timeout, None)
+        return self._first_outputs(data, timeout, None, priority)
 
     def _first_outputs(
-        self, data: RequestData, timeout: float | None, cancel: Cancellation | None
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
+        priority: int = 0,
     ) -> Outputs:
         __tracebackhide__ = True
         first: Reply | None = None
-        for reply in self._replies([data], timeout, cancel):
+        for reply in self._replies([data], timeout, cancel, priority):
             if first is None and (reply.has_response or reply.error is not None):
                 first = reply
         if first is None:
@@ -322,11 +292,12 @@ class LoadedModel:
         flags: int = 0,
         request_id: str = "",
         timeout: float | None = None,
+        priority: int = 0,
     ) -> InferFuture:
         """Run one request in a background thread; a future of its outputs.
 
-        Takes the arguments of :meth:`infer`. Requests wait their turn as with :meth:`infer`
-        (one instance). ``future.cancel()`` cancels the request whether it still waits or
+        Takes the arguments of :meth:`infer`. Requests wait for an idle instance (or their batch)
+        as with :meth:`infer`. ``future.cancel()`` cancels the request whether it still waits or
         already runs: the model sees ``request.is_cancelled()`` turn True, and the future
         fails with Triton's CANCELLED error. ``asyncio.wrap_future(future)`` awaits it.
 
@@ -339,7 +310,7 @@ class LoadedModel:
         cancellation = Cancellation()
         future = InferFuture(cancellation)
 
-        start(future, lambda: self._first_outputs(data, timeout, cancellation),
+        start(future, lambda: self._first_outputs(data, timeout, cancellation, priority),
               f"pb-tensor-infer-{self._name}")  # fmt: skip
         return future
 
@@ -351,7 +322,10 @@ class LoadedModel:
         parameters: Mapping[str, ParameterValue] | None = None,
         timeout: float | None = None,
     ) -> list[Outputs | InferenceError]:
-        """Run several requests in one ``execute`` call, as Triton batches them.
+        """Run several requests together. Without ``dynamic_batching`` they reach the
+        model as one ``execute`` call (a batch Triton's default scheduler would not form:
+        a test of the model's batch handling); with it, they join the batcher's queue and
+        leave it in batches by its rules (``max_batch_size``, preferred sizes, shapes).
 
         Returns one entry per request, in order: its outputs, or the ``InferenceError`` of
         that request (one failed request does not fail the others).
@@ -385,6 +359,7 @@ class LoadedModel:
         flags: int = 0,
         request_id: str = "",
         timeout: float | None = None,
+        priority: int = 0,
     ) -> ResponseStream:
         """Run one request and yield the outputs of each response as it arrives (decoupled
         models send any number); the iterator ends at the final flag.
@@ -402,16 +377,16 @@ class LoadedModel:
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
         cancellation = Cancellation()
-        replies = self._lazy_replies(data, timeout, cancellation)
+        replies = self._lazy_replies(data, timeout, cancellation, priority)
         return ResponseStream(stream_outputs(replies, self._decoupled), cancellation)
 
     def _lazy_replies(
-        self, data: RequestData, timeout: float | None, cancel: Cancellation
+        self, data: RequestData, timeout: float | None, cancel: Cancellation, priority: int
     ) -> Iterator[Reply]:
         """The replies of ``data``, run on first ``next``: a stream cancelled before it
         starts never reaches the model."""
         __tracebackhide__ = True
-        yield from self._replies([data], timeout, cancel)
+        yield from self._replies([data], timeout, cancel, priority)
 
     # -- BLS ----------------------------------------------------------------------------------
     def bls_replies(
@@ -485,33 +460,58 @@ class LoadedModel:
         engine.send("control_reply", (call_id, True, result))
 
     # -- lifecycle ----------------------------------------------------------------------------
+    def _each_instance(self) -> Iterator[Instance]:
+        """Each instance, held while the caller uses it (between requests)."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return
+        for instance in self._instances:
+            held = scheduler.instances.hold(instance)
+            if held is None:
+                return
+            try:
+                yield instance
+            finally:
+                if held:
+                    scheduler.instances.release(instance)
+
     def metrics(self) -> dict[str, Any]:
         """The custom metrics (``pb_utils.MetricFamily``) the model recorded, by family
-        name: kind, description and each metric's labels and value."""
-        with self._lock:
-            engine = self._engine
-            return {} if engine is None else engine.metrics()
+        name: kind, description and each metric's labels and value (summed over instances
+        for counters and histograms with the same labels, as Triton's shared families)."""
+        snapshots = [i.engine.metrics() for i in self._each_instance()]
+        if not self._isolated:
+            return snapshots[0] if snapshots else {}  # in-process: one registry
+        return merge_metrics(snapshots)
 
     def is_ready(self) -> bool:
-        """Whether the model is ready, as Triton's readiness check says: loaded, its stub
-        healthy, and the model's own ``is_ready()`` (when it defines one) returning True. A
-        failing check is logged (``pb_tensor.runtime``) with upstream's text."""
-        with self._lock:
-            engine = self._engine
-            if engine is None:
+        """Whether the model is ready, as Triton's readiness check says: loaded, the stub
+        of every instance healthy, and the model's own ``is_ready()`` (when it defines one)
+        returning True. A failing check is logged (``pb_tensor.runtime``) with upstream's
+        text."""
+        if not self.loaded:
+            return False
+        checked = False
+        for instance in self._each_instance():
+            checked = True
+            ready, error = instance.engine.is_ready()
+            if error is not None:
+                log.error("readiness check of model '%s' failed: %s", self._name, error)
+            if not ready:
                 return False
-            ready, error = engine.is_ready()
-        if error is not None:
-            log.error("readiness check of model '%s' failed: %s", self._name, error)
-        return ready
+        return checked
 
     def unload(self) -> None:
-        """Call the model's ``finalize`` and stop its stub; later requests fail. Idempotent."""
+        """Call the model's ``finalize`` in every instance and stop their stubs; queued
+        requests fail, running ones finish first; later requests fail. Idempotent."""
         with self._lock:
-            engine, self._engine = self._engine, None
-        if engine is not None:
-            engine.stop()
-            self._repository.forget(self)
+            scheduler = self._scheduler
+            if scheduler is None or scheduler.instances.closed:
+                return
+            instances = scheduler.close()
+        for instance in instances:
+            instance.engine.stop()
+        self._repository.forget(self)
 
     def __enter__(self) -> LoadedModel:
         return self
@@ -526,5 +526,5 @@ class LoadedModel:
 
     def __repr__(self) -> str:
         mode = "isolated" if self._isolated else "in-process"
-        state = "loaded" if self._engine is not None else "unloaded"
+        state = "loaded" if self.loaded else "unloaded"
         return f"<LoadedModel {self._name!r} version {self._version}, {mode}, {state}>"

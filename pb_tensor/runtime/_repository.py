@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
 from pb_tensor.runtime._calls import BlsResponses
-from pb_tensor.runtime._engines import StubEngine, StubFailure
+from pb_tensor.runtime._engines import Handler, StubEngine, StubFailure
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import (
     HostInfo,
@@ -22,6 +22,7 @@ from pb_tensor.runtime._host import (
 )
 from pb_tensor.runtime._inprocess import InProcessEngine
 from pb_tensor.runtime._model import LoadedModel
+from pb_tensor.runtime._scheduling import Instance
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
 from pb_tensor.runtime._tracker import Cancellation
 from pb_tensor.runtime._validate import ModelSpec
@@ -259,56 +260,99 @@ class ModelRepository:
             # The model object exists only once the configuration is complete.
             holder[0].on_stub_message(e, kind, tensors, body)
 
-        engine: StubEngine | None = None
+        engines: list[StubEngine] = []
         cls: type | None = None
         try:
             if isolated:
-                engine = StubEngine(self.pool, model_path, name, on_stub_message)
-                completed = engine.spawn(_schema.config_to_dict(config))
+                engines.append(StubEngine(self.pool, model_path, name, on_stub_message))
+                completed = engines[0].spawn(_schema.config_to_dict(config))
             else:
                 cls = model_class(load_model_module(model_path, name))
                 completed = run_auto_complete(cls, name, _schema.config_to_dict(config))
             final = _schema.config_from_dict(completed or {}, where=where)
             _schema.normalize(final, name)
-            _schema.normalize_instance_groups(final)
+            _schema.normalize_instance_groups(final, _gpu_count)
             _schema.validate(final, model_dir)
-            info = _host_info(final, name, version, model_dir, model_path)
-            info = dataclasses.replace(
-                info, bf16_as_numpy=self._bf16_as_numpy, share_inputs=self._share_inputs,
-                pb_tensor_extras=self._pb_tensor_extras,
-            )
+            infos = [
+                dataclasses.replace(
+                    info, bf16_as_numpy=self._bf16_as_numpy, share_inputs=self._share_inputs,
+                    pb_tensor_extras=self._pb_tensor_extras,
+                )
+                for info in _host_infos(final, name, version, model_dir, model_path)
+            ]
             model = LoadedModel(
                 self, name=name, version=version, config=_schema.config_to_dict(final),
                 spec=ModelSpec.from_config(final), isolated=isolated,
-                decoupled=info.decoupled, instance_name=info.instance_name, timeout=timeout,
+                decoupled=infos[0].decoupled, instance_name=infos[0].instance_name,
+                timeout=timeout,
             )  # fmt: skip
             holder.append(model)
-            if engine is not None:
-                engine.initialize(info)
-                model._attach(engine)
+            if isolated:
+                model._attach(self._start_stubs(engines, infos, model_path, name,
+                                                on_stub_message))  # fmt: skip
             else:
                 if cls is None:  # unreachable: set on the in-process path above
                     raise UserModelError("the model class was not loaded")
-                model._attach(
-                    InProcessEngine(info, cls, _LocalBackend(model, info))
-                )
+                model._attach([
+                    Instance(InProcessEngine(info, cls, _LocalBackend(model, info)),
+                             info.instance_name)
+                    for info in infos
+                ])  # fmt: skip
         except (StubFailure, UserModelError, _schema.ConfigError) as exc:
-            if engine is not None:
+            for engine in engines:
                 engine.kill()
             raise ModelLoadError(f"failed to load {where}: {exc}") from None
         except BaseException:
-            if engine is not None:
+            for engine in engines:
                 engine.kill()
             raise
         with self._lock:
             self._models.append(model)
         return model
 
+    def _start_stubs(
+        self, engines: list[StubEngine], infos: list[HostInfo], model_path: str, name: str,
+        handler: Handler,
+    ) -> list[Instance]:
+        """Initialize the first stub (``engines[0]``, spawned for ``auto_complete_config``)
+        and start one more per further instance, in parallel, as Triton loads instances;
+        ``engines`` collects every stub started (for killing on failure).
+
+        Raises:
+            StubFailure: a stub failed to start or its ``initialize`` raised (the first
+                failure, by instance order).
+        """
+        for _ in infos[1:]:
+            engines.append(StubEngine(self.pool, model_path, name, handler))
+        failures: list[StubFailure | None] = [None] * len(infos)
+
+        def start(index: int) -> None:
+            try:
+                if index:
+                    engines[index].spawn(None)
+                engines[index].initialize(infos[index])
+            except StubFailure as exc:
+                failures[index] = exc
+
+        threads = [threading.Thread(target=start, args=(i,), daemon=True)
+                   for i in range(1, len(infos))]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        start(0)
+        for thread in threads:
+            thread.join()
+        for failure in failures:
+            if failure is not None:
+                raise failure
+        return [Instance(e, info.instance_name) for e, info in zip(engines, infos)]
+
     def bls_target(
         self, name: str, version: int, isolated: bool, timeout: float | None = None
     ) -> LoadedModel:
-        """The model a BLS request addresses, loaded on first use in ``isolated`` mode (with
-        the caller's ``timeout``).
+        """The model a BLS request addresses: the one loaded already in ``isolated`` mode
+        (the latest loaded version unless ``version`` > 0 names one; a model calling itself
+        reaches its own instances), else loaded on first use (with the caller's
+        ``timeout``).
 
         Raises:
             InferenceError: Triton's ``Request for unknown model`` error when the repository
@@ -319,6 +363,11 @@ class ModelRepository:
             model = self._bls.get(key)
             if model is not None and model.loaded:
                 return model
+            loaded = [m for m in self._models
+                      if m.loaded and m.name == name and m.isolated == isolated
+                      and (version <= 0 or m.version == version)]  # fmt: skip
+            if loaded:
+                return max(loaded, key=lambda m: m.version)
             if name not in self.models():
                 raise InferenceError(
                     f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
@@ -402,19 +451,30 @@ class ModelRepository:
         return f"<ModelRepository {path!r}, {len(getattr(self, '_models', ()))} loaded>"
 
 
-def _host_info(config: Any, name: str, version: int, model_dir: str, model_path: str) -> HostInfo:
-    group = config.instance_group[0]
-    kind_name = group.DESCRIPTOR.fields_by_name["kind"].enum_type.values_by_number[group.kind].name
-    kind = kind_name.removeprefix("KIND_")
-    device_id = int(group.gpus[0]) if kind == "GPU" and group.gpus else 0
-    return HostInfo(
-        name=name,
-        version=version,
-        model_dir=model_dir,
-        model_path=model_path,
-        instance_name=f"{group.name}_0",
-        instance_kind=kind,
-        device_id=device_id,
-        config_json=_schema.config_to_json(config),
-        decoupled=_schema.decoupled(config),
-    )
+def _gpu_count() -> int:
+    from pb_tensor import cuda  # only a KIND_GPU instance group needs the CUDA facade
+
+    return cuda.device_count()
+
+
+def _host_infos(
+    config: Any, name: str, version: int, model_dir: str, model_path: str
+) -> list[HostInfo]:
+    """One ``HostInfo`` per instance, named and placed as Triton's core creates them: each
+    group's ``count`` instances ``<group>_<c>``, a ``KIND_GPU`` group's on each of its
+    GPUs."""
+    infos = []
+    config_json = _schema.config_to_json(config)
+    decoupled = _schema.decoupled(config)
+    for group in config.instance_group:
+        kind_enum = group.DESCRIPTOR.fields_by_name["kind"].enum_type
+        kind = kind_enum.values_by_number[group.kind].name.removeprefix("KIND_")
+        devices = [int(g) for g in group.gpus] if kind == "GPU" else [0]
+        for c in range(group.count):
+            for device_id in devices:
+                infos.append(HostInfo(
+                    name=name, version=version, model_dir=model_dir, model_path=model_path,
+                    instance_name=f"{group.name}_{c}", instance_kind=kind,
+                    device_id=device_id, config_json=config_json, decoupled=decoupled,
+                ))  # fmt: skip
+    return infos

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 try:
@@ -223,19 +223,47 @@ def normalize(config: Any, model_name: str) -> None:
             opt.output_pinned_memory.enable = True
 
 
-def normalize_instance_groups(config: Any) -> None:
-    """Triton's instance-group defaults (after ``auto_complete_config``): one group named
-    ``<model>_0``, ``KIND_AUTO`` resolved to CPU (no GPU here) unless GPUs are listed, count 1.
+def normalize_instance_groups(config: Any, gpu_count: Callable[[], int] | None = None) -> None:
+    """Triton's instance-group defaults and checks (after ``auto_complete_config``): one
+    group named ``<model>_0`` when none is given, group names ``<model>_<i>``, count 1,
+    ``KIND_AUTO`` resolved to GPU when GPUs are listed (else CPU), a ``KIND_GPU`` group
+    without GPUs given every visible one. ``gpu_count`` counts the visible GPUs (asked only
+    for a ``KIND_GPU`` group; default: none visible).
+
+    Raises:
+        ConfigError: Triton's messages for a ``KIND_GPU`` group with no GPU visible or a GPU
+            id that is not visible, and for GPUs listed in a ``KIND_CPU`` or ``KIND_MODEL``
+            group.
     """
     if not config.instance_group:
         config.instance_group.add()
     kinds = config.instance_group[0].DESCRIPTOR.enum_types_by_name["Kind"].values_by_name
+    visible: int | None = None
     for i, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{i}"
         if group.kind == kinds["KIND_AUTO"].number:
             group.kind = kinds["KIND_GPU" if group.gpus else "KIND_CPU"].number
         group.count = max(group.count, 1)
+        named = f"instance group {group.name} of model {config.name}"
+        if group.kind == kinds["KIND_GPU"].number:
+            if visible is None:
+                visible = gpu_count() if gpu_count is not None else 0
+            if not group.gpus:
+                if not visible:
+                    raise ConfigError(f"{named} has kind KIND_GPU but no GPUs are available")
+                group.gpus.extend(range(visible))
+            for gid in group.gpus:
+                if not 0 <= gid < visible:
+                    supported = ", ".join(str(g) for g in range(visible))
+                    raise ConfigError(
+                        f"{named} specifies invalid or unsupported gpu id {gid}. GPUs with "
+                        "at least the minimum required CUDA compute compatibility of "
+                        f"6.000000 are: {supported}"
+                    )
+        elif group.gpus:
+            kind = "KIND_MODEL" if group.kind == kinds["KIND_MODEL"].number else "KIND_CPU"
+            raise ConfigError(f"{named} has kind {kind} but specifies one or more GPUs")
 
 
 def _validate_io(ios: Iterable[Any], prefix: str, model: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pb_tensor.utils import (
     TRITONSERVER_MEMORY_CPU,
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
     InferenceRequest,
     InferenceResponse,
     ModelConfig,
@@ -22,6 +23,7 @@ from pb_tensor.utils._context import (
     make_request,
     metric_snapshot,
     new_request,
+    release_flags,
     sender_is_closed,
     set_backend,
     set_process_backend,
@@ -30,6 +32,7 @@ from pb_tensor.utils._context import (
 __all__ = [
     "BLS_OUTSIDE_EXECUTE_MESSAGE",
     "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
@@ -44,6 +47,7 @@ __all__ = [
     "make_request",
     "metric_snapshot",
     "new_request",
+    "release_flags",
     "sender_is_closed",
     "set_backend",
     "set_process_backend",

@@ -1,0 +1,417 @@
+"""Triton's dynamic batcher (core's ``dynamic_batch_scheduler.cc`` and the priority queue of
+``scheduler_utils.cc``): concurrent requests wait in a queue per priority level and leave it
+together, as one ``execute(requests)`` call on an idle instance.
+
+A batch grows while the next queued request fits: its batch size (first dimension) keeps the
+total within ``max_batch_size``, and its inputs that Triton requires to match (variable-size
+inputs not marked ``allow_ragged_batch``; the set of inputs, for optional ones) have the
+shapes of the batch's first request. A batch that reaches a preferred batch size leaves at
+once; otherwise it waits until its oldest request waited ``max_queue_delay_microseconds``.
+Queue policies reject requests whose queue timeout passed (``timeout_action: REJECT``) and
+requests beyond ``max_queue_size``, with Triton's messages.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._host import RequestData
+from pb_tensor.runtime._queue import QueuePolicy
+from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._stats import Statistics
+from pb_tensor.runtime._seam import TritonError
+from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
+
+__all__ = ["BatchPolicy", "DynamicBatcher", "LevelPolicy", "RunBatch", "batch_policy"]
+
+RunBatch = Callable[[Instance, list[RequestData], float | None, list[Cancellation | None]],
+                    Iterable[Reply]]
+"""``run(instance, batch, timeout, cancels)``: the replies of one ``execute`` call."""
+
+
+@dataclass(frozen=True)
+class LevelPolicy:
+    """``ModelQueuePolicy`` of one priority level."""
+
+    timeout_us: int
+    allow_override: bool
+    reject: bool
+    max_queue_size: int
+
+    def deadline_ns(self, data: RequestData, start_ns: int) -> int:
+        """When ``data`` times out in the queue (0: never), as core's ``Enqueue`` picks its
+        timeout (:class:`QueuePolicy`)."""
+        timeout = QueuePolicy(self.timeout_us, self.allow_override).timeout_us(data)
+        return start_ns + timeout * 1000 if timeout else 0
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """What the ``dynamic_batching`` section of a configuration asks for."""
+
+    max_batch_size: int  # at least 1 (a model that cannot batch runs batches of one)
+    batching: bool  # max_batch_size > 0: a request's batch size is its first dimension
+    preferred: frozenset[int]
+    max_preferred: int
+    delay_ns: int
+    default_level: int  # 1-based; levels are 1..len(levels)
+    levels: tuple[LevelPolicy, ...]
+    equal_shape: frozenset[str]
+    optional_inputs: bool
+
+    def level_of(self, priority: int) -> int:
+        """The 0-based queue index of a request's priority (0 or too high: the default)."""
+        if priority <= 0 or priority > len(self.levels):
+            return self.default_level - 1
+        return priority - 1
+
+
+def _level(policy: dict[str, Any]) -> LevelPolicy:
+    return LevelPolicy(
+        timeout_us=int(policy.get("default_timeout_microseconds", 0) or 0),
+        allow_override=bool(policy.get("allow_timeout_override", False)),
+        reject=policy.get("timeout_action", "REJECT") != "DELAY",
+        max_queue_size=int(policy.get("max_queue_size", 0) or 0),
+    )
+
+
+def batch_policy(config: dict[str, Any]) -> BatchPolicy | None:
+    """The batcher's policy for a completed configuration (JSON form); None without
+    ``dynamic_batching`` (each request then runs alone, as in Triton)."""
+    batching = config.get("dynamic_batching")
+    if not isinstance(batching, dict):
+        return None
+    max_batch_size = int(config.get("max_batch_size", 0) or 0)
+    preferred = frozenset(int(s) for s in batching.get("preferred_batch_size", ()) or ())
+    size = max(1, max_batch_size)
+    default = _level(batching.get("default_queue_policy") or {})
+    count = int(batching.get("priority_levels", 0) or 0)
+    per_level = {int(k): _level(v) for k, v in
+                 (batching.get("priority_queue_policy") or {}).items()}  # fmt: skip
+    levels = tuple(per_level.get(i, default) for i in range(1, max(count, 1) + 1))
+    equal: set[str] = set()
+    optional = False
+    for io in config.get("input", ()):
+        dims = [int(d) for d in io.get("dims", ())]
+        if io.get("optional"):
+            optional = True
+        if io.get("is_shape_tensor") or (-1 in dims and not io.get("allow_ragged_batch")):
+            equal.add(str(io["name"]))
+    return BatchPolicy(
+        max_batch_size=size,
+        batching=max_batch_size > 0,
+        preferred=preferred,
+        max_preferred=max(preferred) if preferred else size,
+        delay_ns=int(batching.get("max_queue_delay_microseconds", 0) or 0) * 1000,
+        default_level=int(batching.get("default_priority_level", 0) or 0) if count else 1,
+        levels=levels,
+        equal_shape=frozenset(equal),
+        optional_inputs=optional,
+    )
+
+
+_END = None
+
+
+class Pending:
+    """A request waiting in the queue, and where its replies go (its caller's queue, with
+    the index the caller knows it by)."""
+
+    __slots__ = ("cancel", "data", "deadline_ns", "failed", "out", "shape_key", "size",
+                 "start_ns", "timeout", "where")  # fmt: skip
+
+    def __init__(
+        self, data: RequestData, where: int, size: int, shape_key: object, start_ns: int,
+        deadline_ns: int, timeout: float | None, cancel: Cancellation,
+        out: queue.SimpleQueue[Reply | None],
+    ) -> None:
+        self.data = data
+        self.where = where
+        self.size = size
+        self.shape_key = shape_key
+        self.start_ns = start_ns
+        self.deadline_ns = deadline_ns
+        self.timeout = timeout
+        self.cancel = cancel
+        self.out = out
+        self.failed = False
+
+    def end(self, error: InferenceError, stats: Statistics) -> None:
+        """Leave the queue without running: ``error`` is the request's reply."""
+        self.out.put(Reply(self.where, [], error, "{}", FINAL, False))
+        self.out.put(_END)
+        stats.failure(self.start_ns, time.monotonic_ns())
+
+
+_Work = tuple[Instance, list[Pending]]
+
+
+class DynamicBatcher:
+    """The batcher of one loaded model: :meth:`submit` queues requests, a thread of its own
+    forms batches whenever an instance is idle, and each batch runs in a thread that hands
+    every reply to its request's caller."""
+
+    def __init__(
+        self, model_name: str, policy: BatchPolicy, instances: InstanceSet, run: RunBatch,
+        stats: Statistics,
+    ) -> None:
+        self._name = model_name
+        self._policy = policy
+        self._instances = instances
+        self._run = run
+        self._stats = stats
+        self._queues: list[deque[Pending]] = [deque() for _ in policy.levels]
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        # One thread per instance runs its batches (started on its first batch).
+        self._workers: dict[int, queue.SimpleQueue[_Work | None]] = {}
+
+    # -- callers ------------------------------------------------------------------------------
+    def _batch_size(self, data: RequestData) -> int:
+        if not self._policy.batching or not data.inputs:
+            return 1
+        shape = data.inputs[0].shape()
+        return max(1, int(shape[0])) if shape else 1
+
+    def _shape_key(self, data: RequestData) -> object:
+        policy = self._policy
+        if not policy.equal_shape and not policy.optional_inputs:
+            return None
+        skip = 1 if policy.batching else 0
+        names = tuple(sorted(t.name() for t in data.inputs)) if policy.optional_inputs else ()
+        shapes = tuple(sorted(
+            (t.name(), tuple(t.shape()[skip:])) for t in data.inputs
+            if t.name() in policy.equal_shape
+        ))  # fmt: skip
+        return names, shapes
+
+    def submit(
+        self, batch: list[RequestData], where: list[int], start_ns: int, timeout: float | None,
+        cancel: Cancellation | None, priority: int = 0,
+    ) -> Iterator[Reply]:
+        """Queue ``batch`` (its requests' indexes for the caller: ``where``); the replies
+        of each, as they come, ending with each request's final one.
+
+        A cancelled ``cancel`` takes the requests out of the queue (Triton's CANCELLED
+        error), or reaches the model when they already run."""
+        out: queue.SimpleQueue[Reply | None] = queue.SimpleQueue()
+        level = self._policy.level_of(priority)
+        level_policy = self._policy.levels[level]
+        entries: list[Pending] = []
+        for data, index in zip(batch, where):
+            entry_cancel = cancel if cancel is not None else Cancellation()
+            entries.append(Pending(
+                data, index, self._batch_size(data), self._shape_key(data), start_ns,
+                level_policy.deadline_ns(data, start_ns), timeout, entry_cancel, out,
+            ))  # fmt: skip
+        with self._cond:
+            if self._closed:
+                error = _unloaded(self._name)
+                for entry in entries:
+                    entry.end(error, self._stats)
+                entries = []
+            lane = self._queues[level]
+            for entry in entries:
+                if level_policy.max_queue_size and len(lane) >= level_policy.max_queue_size:
+                    entry.end(InferenceError(
+                        f"[request id: {entry.data.request_id or '<id_unknown>'}] Exceeds "
+                        "maximum queue size", TritonError.UNAVAILABLE,
+                    ), self._stats)  # fmt: skip
+                else:
+                    lane.append(entry)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._loop, name=f"pb-tensor-batcher-{self._name}", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify_all()
+        return self._replies(out, len(batch), [e.cancel for e in entries])
+
+    @staticmethod
+    def _replies(
+        out: queue.SimpleQueue[Reply | None], count: int, cancels: list[Cancellation]
+    ) -> Iterator[Reply]:
+        ended = 0
+        try:
+            while ended < count:
+                item = out.get()
+                if item is None:
+                    ended += 1
+                else:
+                    yield item
+        finally:
+            if ended < count:  # the caller stopped reading: cancel what still runs
+                for c in cancels:
+                    c.cancel()
+
+    def close(self) -> None:
+        """Fail every queued request (the model is unloading) and stop forming batches."""
+        with self._cond:
+            self._closed = True
+            entries = [e for lane in self._queues for e in lane]
+            for lane in self._queues:
+                lane.clear()
+            self._cond.notify_all()
+            for work in self._workers.values():
+                work.put(None)  # after the batches it holds
+        error = _unloaded(self._name)
+        for entry in entries:
+            entry.end(error, self._stats)
+
+    # -- the batcher's thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not any(self._queues):
+                    self._cond.wait()
+                if self._closed:
+                    return
+            try:
+                # Owner 0 (no thread): the instance waits for its batch, which runs in the
+                # instance's own thread (that then owns it).
+                instance = self._instances.acquire(owner=0)
+            except InferenceError:  # unreachable: no instance is this thread's
+                instance = None
+            if instance is None:
+                self.close()
+                return
+            with self._cond:
+                batch = self._form()
+                if batch:
+                    self._worker(instance).put((instance, batch))
+                    continue
+            self._instances.release(instance)
+
+    def _worker(self, instance: Instance) -> queue.SimpleQueue[_Work | None]:
+        """The queue of ``instance``'s thread (called with the condition held)."""
+        work = self._workers.get(id(instance))
+        if work is None:
+            work = self._workers[id(instance)] = queue.SimpleQueue()
+            threading.Thread(target=self._work, args=(work,), daemon=True,
+                             name=f"pb-tensor-batch-{instance.name}").start()  # fmt: skip
+        return work
+
+    def _work(self, work: queue.SimpleQueue[_Work | None]) -> None:
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            self._execute(*item)
+
+    def _expire(self, now_ns: int) -> None:
+        """Drop cancelled requests and reject timed-out ones (``ApplyPolicyAtCursor``)."""
+        for level, lane in enumerate(self._queues):
+            if not lane:
+                continue
+            reject = self._policy.levels[level].reject
+            kept: deque[Pending] = deque()
+            for entry in lane:
+                if entry.cancel.cancelled:
+                    entry.end(cancelled_error(), self._stats)
+                elif reject and entry.deadline_ns and now_ns >= entry.deadline_ns:
+                    entry.end(InferenceError("Request timeout expired",
+                                             TritonError.UNAVAILABLE), self._stats)  # fmt: skip
+                else:
+                    kept.append(entry)
+            self._queues[level] = kept
+
+    def _form(self) -> list[Pending]:
+        """The next batch (``GetDynamicBatch``), waiting for the queue delay as long as it
+        asks; called with the condition held."""
+        policy = self._policy
+        while not self._closed:
+            now = time.monotonic_ns()
+            self._expire(now)
+            ordered = [e for lane in self._queues for e in lane]
+            if not ordered:
+                return []
+            pending = 0
+            count = 0
+            best = 0
+            best_count = 0
+            send_now = False
+            key = ordered[0].shape_key
+            for count, entry in enumerate(ordered):
+                if count:
+                    total = pending + entry.size
+                    if total > policy.max_preferred and best == 0:
+                        best, best_count = pending, count
+                    if total > policy.max_batch_size or entry.shape_key != key:
+                        send_now = True
+                        break
+                pending += entry.size
+                if pending in policy.preferred:
+                    best, best_count = pending, count + 1
+            else:
+                count = len(ordered)
+            oldest = min(e.start_ns for e in ordered)
+            exceeded = policy.delay_ns != 0 and now - oldest >= policy.delay_ns
+            if best and not exceeded:
+                count = best_count
+            elif not (send_now or pending >= policy.max_preferred or exceeded
+                      or policy.delay_ns == 0):
+                wait_ns = policy.delay_ns - (now - oldest)
+                deadlines = [e.deadline_ns for e in ordered if e.deadline_ns]
+                if deadlines:
+                    wait_ns = min(wait_ns, max(1000, min(deadlines) - now))
+                self._cond.wait(wait_ns / 1e9)
+                continue
+            return self._take(ordered[:count])
+        return []
+
+    def _take(self, batch: list[Pending]) -> list[Pending]:
+        taken = set(map(id, batch))
+        for level, lane in enumerate(self._queues):
+            if any(id(e) in taken for e in lane):
+                self._queues[level] = deque(e for e in lane if id(e) not in taken)
+        return batch
+
+    def _execute(self, instance: Instance, batch: list[Pending]) -> None:
+        """Run ``batch`` on ``instance`` and hand each reply to its caller."""
+        instance.owner = threading.get_ident()
+        exec_start = time.monotonic_ns()
+        total = sum(e.size for e in batch)
+        timeouts = [e.timeout for e in batch]
+        timeout = None if None in timeouts else max(t for t in timeouts if t is not None)
+        compute_start = time.monotonic_ns()
+        try:
+            for reply in self._run(instance, [e.data for e in batch], timeout,
+                                   [e.cancel for e in batch]):  # fmt: skip
+                entry = batch[reply.index]
+                if reply.error is not None:
+                    entry.failed = True
+                reply.index = entry.where
+                entry.out.put(reply)
+        except Exception as exc:  # the engine itself failed: every request fails with it
+            error = exc if isinstance(exc, InferenceError) else InferenceError(
+                f"Failed to process the request(s) for model '{self._name}', message: {exc}",
+                TritonError.INTERNAL,
+            )
+            for entry in batch:
+                entry.failed = True
+                entry.out.put(Reply(entry.where, [], error, "{}", FINAL, False))
+        finally:
+            end = time.monotonic_ns()
+            self._stats.execution(total, exec_start, compute_start, end, end)
+            for entry in batch:
+                if entry.failed:
+                    self._stats.failure(entry.start_ns, end)
+                else:
+                    self._stats.success(entry.size, entry.start_ns, exec_start, compute_start,
+                                        end, end, end)  # fmt: skip
+                entry.out.put(_END)
+            self._instances.release(instance)
+
+
+def _unloaded(name: str) -> InferenceError:
+    return InferenceError(
+        f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
+    )

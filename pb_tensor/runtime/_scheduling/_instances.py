@@ -1,0 +1,127 @@
+"""A model's instances (``instance_group``) and who is using each: requests go to an idle
+instance, and a thread that would wait for an instance only it (or a request it serves) holds
+is refused instead of deadlocking."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from pb_tensor.runtime._engines import Engine
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._seam import TritonError
+from pb_tensor.runtime._tracker import acts_for
+
+__all__ = ["Instance", "InstanceSet"]
+
+
+class Instance:
+    """One instance: its engine (a stub process or an in-process model object), Triton's
+    name for it, and the thread using it (None while idle)."""
+
+    __slots__ = ("engine", "name", "owner")
+
+    def __init__(self, engine: Engine, name: str) -> None:
+        self.engine = engine
+        self.name = name
+        self.owner: int | None = None
+
+
+class InstanceSet:
+    """The instances of one loaded model; :meth:`acquire` gives an idle one."""
+
+    def __init__(self, model_name: str, instances: list[Instance]) -> None:
+        self._model_name = model_name
+        self._all = list(instances)
+        self._idle: deque[Instance] = deque(self._all)
+        self._cond = threading.Condition(threading.Lock())
+        self._closed = False
+
+    @property
+    def instances(self) -> list[Instance]:
+        """Every instance, in Triton's order (group by group)."""
+        return list(self._all)
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed
+
+    def _self_wait(self) -> InferenceError | None:
+        """The refusal for a thread whose wait no other thread would end: every instance is
+        busy with this thread's own request (a BLS request to itself, or a request made
+        while iterating the model's stream)."""
+        if self._idle or not all(i.owner is not None and acts_for(i.owner) for i in self._all):
+            return None
+        if len(self._all) == 1:
+            text = (
+                f"model '{self._model_name}' has one instance and this thread is already "
+                "using it (a BLS request to itself, or a request made while iterating its "
+                "stream)"
+            )
+        else:
+            text = (
+                f"model '{self._model_name}' has {len(self._all)} instances and this thread "
+                "is already using all of them (BLS requests to itself nested deeper than its "
+                "instance count, or requests made while iterating its streams)"
+            )
+        return InferenceError(text, TritonError.UNAVAILABLE)
+
+    def would_self_wait(self) -> InferenceError | None:
+        """:meth:`acquire`'s refusal for the current thread if it asked now, else None."""
+        with self._cond:
+            return self._self_wait()
+
+    def acquire(self, owner: int | None = None) -> Instance | None:
+        """An idle instance, now used by ``owner`` (default: the current thread); waits for
+        one. None once the model is unloaded.
+
+        Raises:
+            InferenceError: UNAVAILABLE, every instance is used by this thread's requests.
+        """
+        with self._cond:
+            while not self._closed:
+                if self._idle:
+                    instance = self._idle.popleft()
+                    instance.owner = threading.get_ident() if owner is None else owner
+                    return instance
+                refusal = self._self_wait()
+                if refusal is not None:
+                    raise refusal
+                self._cond.wait()
+            return None
+
+    def hold(self, instance: Instance) -> bool | None:
+        """Wait until ``instance`` is idle and use it (to ask its stub something between
+        requests): True (release it after), False when the current thread's own request
+        uses it (shared: nothing to release), None once the model is unloaded."""
+        with self._cond:
+            while not self._closed:
+                if instance.owner is not None and acts_for(instance.owner):
+                    return False
+                if instance in self._idle:
+                    self._idle.remove(instance)
+                    instance.owner = threading.get_ident()
+                    return True
+                self._cond.wait()
+            return None
+
+    def release(self, instance: Instance) -> None:
+        """``instance`` is idle again."""
+        with self._cond:
+            instance.owner = None
+            self._idle.append(instance)
+            self._cond.notify_all()
+
+    def close(self) -> list[Instance]:
+        """Refuse further requests, wait until every instance is idle (but those the current
+        thread's own requests use), and give them all, for stopping."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+            while any(
+                i.owner is not None and not acts_for(i.owner) for i in self._all
+            ):
+                self._cond.wait()
+            self._idle.clear()
+            return list(self._all)

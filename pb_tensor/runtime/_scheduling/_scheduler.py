@@ -1,0 +1,162 @@
+"""How a loaded model runs its validated requests: on an idle instance one call at a time
+(Triton's default scheduler), or through the dynamic batcher; recording the statistics of
+both."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pb_tensor.runtime._engines import Cancels
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._host import RequestData
+from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, batch_policy
+from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._stats import Statistics
+from pb_tensor.runtime._seam import TritonError
+from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
+
+__all__ = ["Scheduler", "unloaded_error"]
+
+
+def unloaded_error(name: str) -> InferenceError:
+    """What a request to a model that was unloaded gets (Triton's text)."""
+    return InferenceError(
+        f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
+    )
+
+
+def _ended(where: list[int], error: InferenceError) -> list[Reply]:
+    return [Reply(i, [], error, "{}", FINAL, False) for i in where]
+
+
+class Scheduler:
+    """The instances of one loaded model, its dynamic batcher (when configured) and its
+    statistics."""
+
+    def __init__(
+        self, name: str, config: dict[str, Any], instances: list[Instance], eager: bool
+    ) -> None:
+        self.name = name
+        self.stats = Statistics()
+        self.instances = InstanceSet(name, instances)
+        self._batching = int(config.get("max_batch_size", 0) or 0) > 0
+        # Replies are complete when the engine's run returns (in-process, not decoupled):
+        # they need no generator holding the instance between them.
+        self._eager = eager
+        policy = batch_policy(config)
+        self.batcher = None if policy is None else DynamicBatcher(
+            name, policy, self.instances, self._run_batch, self.stats
+        )
+
+    def batch_size(self, data: RequestData) -> int:
+        """A request's batch size as Triton counts it (first dimension, or 1)."""
+        if not self._batching or not data.inputs:
+            return 1
+        shape = data.inputs[0].shape()
+        return max(1, int(shape[0])) if shape else 1
+
+    @staticmethod
+    def _run_batch(
+        instance: Instance, batch: list[RequestData], timeout: float | None, cancel: Cancels
+    ) -> Iterable[Reply]:
+        return instance.engine.run(batch, timeout, cancel)
+
+    def run(
+        self, valid: list[RequestData], where: list[int], timeout: float | None,
+        cancel: Cancellation | None, start_ns: int, priority: int = 0,
+    ) -> Iterable[Reply]:
+        """The replies of ``valid`` (their caller's indexes: ``where``): a list when they
+        are complete already, else an iterator that runs them on first ``next``."""
+        if self.batcher is not None:
+            refusal = self.instances.would_self_wait()
+            if refusal is not None:
+                self._failed(len(valid), start_ns)
+                return _ended(where, refusal)
+            return self.batcher.submit(valid, where, start_ns, timeout, cancel, priority)
+        if self._eager:
+            return self._run_now(valid, where, timeout, cancel, start_ns)
+        return self._run_lazily(valid, where, timeout, cancel, start_ns)
+
+    def _failed(self, count: int, start_ns: int) -> None:
+        end = time.monotonic_ns()
+        for _ in range(count):
+            self.stats.failure(start_ns, end)
+
+    def _acquire(self, where: list[int], cancel: Cancellation | None, count: int,
+                 start_ns: int) -> Instance | list[Reply]:  # fmt: skip
+        """An instance for the batch, or the replies that end it without running."""
+        try:
+            instance = self.instances.acquire()
+        except InferenceError as refusal:
+            self._failed(count, start_ns)
+            return _ended(where, refusal)
+        if instance is None:
+            self._failed(count, start_ns)
+            return _ended(where, unloaded_error(self.name))
+        if cancel is not None and cancel.cancelled:
+            self.instances.release(instance)
+            self._failed(count, start_ns)
+            return _ended(where, cancelled_error())
+        return instance
+
+    def _run_now(
+        self, valid: list[RequestData], where: list[int], timeout: float | None,
+        cancel: Cancellation | None, start_ns: int,
+    ) -> list[Reply]:
+        got = self._acquire(where, cancel, len(valid), start_ns)
+        if not isinstance(got, Instance):
+            return got
+        exec_start = time.monotonic_ns()
+        failed: set[int] = set()
+        try:
+            ran = got.engine.run(valid, timeout, cancel)
+            replies = ran if type(ran) is list else list(ran)
+        finally:
+            end = time.monotonic_ns()
+            self.instances.release(got)
+        for reply in replies:
+            if reply.error is not None:
+                failed.add(reply.index)
+            reply.index = where[reply.index]
+        self._record(valid, failed, start_ns, exec_start, end)
+        return replies
+
+    def _run_lazily(
+        self, valid: list[RequestData], where: list[int], timeout: float | None,
+        cancel: Cancellation | None, start_ns: int,
+    ) -> Iterator[Reply]:
+        got = self._acquire(where, cancel, len(valid), start_ns)
+        if not isinstance(got, Instance):
+            yield from got
+            return
+        exec_start = time.monotonic_ns()
+        failed: set[int] = set()
+        try:
+            for reply in got.engine.run(valid, timeout, cancel):
+                if reply.error is not None:
+                    failed.add(reply.index)
+                reply.index = where[reply.index]
+                yield reply
+        finally:
+            end = time.monotonic_ns()
+            self.instances.release(got)
+            self._record(valid, failed, start_ns, exec_start, end)
+
+    def _record(self, valid: list[RequestData], failed: set[int], start_ns: int,
+                exec_start: int, end: int) -> None:  # fmt: skip
+        sizes = [self.batch_size(d) for d in valid]
+        self.stats.execution(sum(sizes), exec_start, exec_start, end, end)
+        for i, size in enumerate(sizes):
+            if i in failed:
+                self.stats.failure(start_ns, end)
+            else:
+                self.stats.success(size, start_ns, exec_start, exec_start, end, end, end)
+
+    def close(self) -> list[Instance]:
+        """Fail queued requests, wait for running ones, and give every instance (for
+        stopping)."""
+        if self.batcher is not None:
+            self.batcher.close()
+        return self.instances.close()

@@ -1,0 +1,341 @@
+"""The dynamic batcher (``dynamic_batching``): batches formed by Triton's rules (max and
+preferred batch sizes, queue delay, shapes), each response to its own caller, queue
+policies (REJECT / DELAY timeouts, max_queue_size, priority levels), cancellation while
+queued, and the statistics that show the batches."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pb_tensor.runtime import InferenceError, LoadedModel, ModelRepository, Outputs
+from pb_tensor.utils import TritonError
+
+_MODEL = '''
+import json, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.seq = 0
+
+    def execute(self, requests):
+        self.seq += 1
+        sleep = json.loads(requests[0].parameters()).get("sleep", 0)
+        time.sleep(sleep)
+        out = []
+        for request in requests:
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            rows = value.shape[0]
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", value),
+                pb_utils.Tensor("BATCH", np.full((rows, 1), len(requests), np.int32)),
+                pb_utils.Tensor("SEQ", np.full((rows, 1), self.seq, np.int32)),
+            ]))
+        return out
+'''
+
+
+def _load(
+    root: Path, batching: str, *, max_batch_size: int = 8, ragged: bool = False,
+    isolated: bool = False,
+) -> tuple[ModelRepository, LoadedModel]:
+    (root / "b" / "1").mkdir(parents=True)
+    (root / "b" / "1" / "model.py").write_text(_MODEL)
+    rag = " allow_ragged_batch: true" if ragged else ""
+    dims = "[ -1 ]" if max_batch_size else "[ -1, -1 ]"
+    one = "[ 1 ]" if max_batch_size else "[ -1, 1 ]"
+    (root / "b" / "config.pbtxt").write_text(textwrap.dedent(f"""
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        input [ {{ name: "IN" data_type: TYPE_INT32 dims: {dims}{rag} }} ]
+        output [
+          {{ name: "OUT" data_type: TYPE_INT32 dims: {dims} }},
+          {{ name: "BATCH" data_type: TYPE_INT32 dims: {one} }},
+          {{ name: "SEQ" data_type: TYPE_INT32 dims: {one} }}
+        ]
+    """) + batching)
+    repo = ModelRepository(root)
+    return repo, repo.load("b", isolated=isolated, timeout=60)
+
+
+def _req(value: int, shape: tuple[int, ...] = (1, 2)) -> dict[str, np.ndarray]:
+    return {"IN": np.full(shape, value, np.int32)}
+
+
+def _check_own(
+    results: list[Outputs | InferenceError], shapes: list[tuple[int, ...]]
+) -> list[tuple[int, int]]:
+    """Each result holds its own request's input; (batch length, execution) of each."""
+    seen = []
+    for i, (result, shape) in enumerate(zip(results, shapes)):
+        assert not isinstance(result, InferenceError), result
+        np.testing.assert_array_equal(result["OUT"], np.full(shape, i, np.int32))
+        seen.append((int(result["BATCH"][0, 0]), int(result["SEQ"][0, 0])))
+    return seen
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_max_batch_size_batches_and_statistics(tmp_path: Path, isolated: bool) -> None:
+    """Ten queued requests, max_batch_size 4 (the preferred size Triton fills in): three
+    execute calls of 4, 4 and 2 requests, each response to its own request; the statistics
+    count 10 inferences in 3 executions."""
+    repo, model = _load(tmp_path, "dynamic_batching { }", max_batch_size=4,
+                        isolated=isolated)  # fmt: skip
+    with repo:
+        results = model.infer_many([_req(i) for i in range(10)])
+        seen = _check_own(results, [(1, 2)] * 10)
+        stats = model.statistics()
+    assert seen == [(4, 1)] * 4 + [(4, 2)] * 4 + [(2, 3)] * 2
+    assert stats["execution_count"] == 3
+    assert stats["inference_count"] == 10
+    assert stats["inference_stats"]["success"]["count"] == 10
+    assert stats["inference_stats"]["queue"]["count"] == 10
+    assert stats["inference_stats"]["fail"]["count"] == 0
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (2, 1), (4, 2)
+    ]
+
+
+def test_batch_size_counts_first_dimension(tmp_path: Path) -> None:
+    """Requests of batch size 2 with max_batch_size 4: two requests per execute call;
+    inference_count counts batch elements (8), batch_stats the total batch size (4)."""
+    repo, model = _load(tmp_path, "dynamic_batching { }", max_batch_size=4)
+    with repo:
+        results = model.infer_many([_req(i, (2, 2)) for i in range(4)])
+        seen = _check_own(results, [(2, 2)] * 4)
+        stats = model.statistics()
+    assert seen == [(2, 1), (2, 1), (2, 2), (2, 2)]
+    assert (stats["inference_count"], stats["execution_count"]) == (8, 2)
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (4, 2)
+    ]
+
+
+def test_preferred_batch_size(tmp_path: Path) -> None:
+    """Preferred size 4 of max 8: six queued requests leave as 4, then 2 once the queue
+    delay passed."""
+    repo, model = _load(tmp_path, """
+dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 200000 }
+""")
+    with repo:
+        seen = _check_own(model.infer_many([_req(i) for i in range(6)]),
+                          [(1, 2)] * 6)  # fmt: skip
+    assert seen == [(4, 1)] * 4 + [(2, 2)] * 2
+
+
+def test_queue_delay_gathers_requests_from_threads(tmp_path: Path) -> None:
+    """With a queue delay, requests made one after another from separate callers
+    (``infer_async``) wait for each other and run as one batch."""
+    repo, model = _load(tmp_path, "dynamic_batching { max_queue_delay_microseconds: 1500000 }")
+    with repo:
+        futures = [model.infer_async(_req(i)) for i in range(3)]
+        seen = _check_own([f.result(30) for f in futures], [(1, 2)] * 3)
+    assert seen == [(3, 1)] * 3
+
+
+@pytest.mark.parametrize("ragged", [False, True], ids=["equal_shapes", "ragged"])
+def test_shapes_of_variable_inputs(tmp_path: Path, ragged: bool) -> None:
+    """A variable-size input must have the batch's shape: a request of another shape ends
+    the batch (and starts the next); with ``allow_ragged_batch`` all run together."""
+    repo, model = _load(tmp_path, "dynamic_batching { }", ragged=ragged)
+    shapes = [(1, 2), (1, 2), (1, 3), (1, 2)]
+    with repo:
+        results = model.infer_many([_req(i, s) for i, s in enumerate(shapes)])
+        seen = _check_own(results, shapes)
+    if ragged:
+        assert seen == [(4, 1)] * 4
+    else:
+        assert seen == [(2, 1), (2, 1), (1, 2), (1, 3)]
+
+
+def test_without_dynamic_batching_requests_run_alone(tmp_path: Path) -> None:
+    """No ``dynamic_batching``: concurrent callers' requests each get an execute call."""
+    repo, model = _load(tmp_path, "")
+    with repo:
+        futures = [model.infer_async(_req(i), parameters={"sleep": 0.05})
+                   for i in range(3)]  # fmt: skip
+        seen = _check_own([f.result(30) for f in futures], [(1, 2)] * 3)
+    assert [b for b, _ in seen] == [1, 1, 1]
+    assert sorted(s for _, s in seen) == [1, 2, 3]
+
+
+def test_max_queue_size_rejects(tmp_path: Path) -> None:
+    """Beyond ``max_queue_size`` a request is refused with Triton's error."""
+    repo, model = _load(tmp_path, "dynamic_batching { default_queue_policy { max_queue_size: 2 } }",
+                        max_batch_size=0)  # fmt: skip
+    with repo:
+        results = model.infer_many([_req(i) for i in range(4)])
+        stats = model.statistics()
+    _check_own(results[:2], [(1, 2)] * 2)
+    for error in results[2:]:
+        assert isinstance(error, InferenceError)
+        assert error.message() == "[request id: <id_unknown>] Exceeds maximum queue size"
+        assert error.code() == TritonError.UNAVAILABLE
+    assert stats["inference_stats"]["fail"]["count"] == 2
+
+
+@pytest.mark.parametrize("action", ["REJECT", "DELAY"])
+def test_queue_timeout(tmp_path: Path, action: str) -> None:
+    """A request waiting longer than the policy's timeout behind a 0.4 s execution is
+    rejected (``REJECT``: "Request timeout expired") or still runs (``DELAY``)."""
+    repo, model = _load(tmp_path, f"""
+dynamic_batching {{ default_queue_policy {{
+  timeout_action: {action} default_timeout_microseconds: 100000 }} }}
+""", max_batch_size=0)  # fmt: skip
+    with repo:
+        results = model.infer_many([_req(i) for i in range(2)],
+                                   parameters={"sleep": 0.4})  # fmt: skip
+    _check_own(results[:1], [(1, 2)])
+    if action == "DELAY":
+        _check_own(results, [(1, 2)] * 2)
+    else:
+        assert isinstance(results[1], InferenceError)
+        assert results[1].message() == "Request timeout expired"
+        assert results[1].code() == TritonError.UNAVAILABLE
+
+
+def test_priority_levels(tmp_path: Path) -> None:
+    """With two priority levels, a request of priority 1 queued after one of the default
+    level 2 runs first."""
+    repo, model = _load(tmp_path, """
+dynamic_batching { priority_levels: 2 default_priority_level: 2 }
+""", max_batch_size=0)  # fmt: skip
+    with repo:
+        busy = model.infer_async(_req(0), parameters={"sleep": 1.0})
+        time.sleep(0.2)  # let the first request reach the instance
+        low = model.infer_async(_req(1))
+        high = model.infer_async(_req(2), priority=1)
+        order = {k: int(f.result(30)["SEQ"][0, 0]) for k, f in
+                 (("busy", busy), ("low", low), ("high", high))}  # fmt: skip
+    assert order == {"busy": 1, "high": 2, "low": 3}
+
+
+def test_cancel_while_queued(tmp_path: Path) -> None:
+    """A request cancelled while it waits in the queue never reaches the model."""
+    repo, model = _load(tmp_path, "dynamic_batching { }", max_batch_size=0)
+    with repo:
+        busy = model.infer_async(_req(0), parameters={"sleep": 0.5})
+        time.sleep(0.1)
+        queued = model.infer_async(_req(1))
+        queued.cancel()
+        with pytest.raises(InferenceError) as info:
+            queued.result(30)
+        assert info.value.code() == TritonError.CANCELLED
+        busy.result(30)
+        stats = model.statistics()
+    assert stats["execution_count"] == 1
+
+
+# -- qa response_sender/response_sender_test.py::test_*_multiple_requests ---------------------
+_SENDER_BATCHING = "dynamic_batching { max_queue_delay_microseconds: 500000 }\n"
+_DECOUPLED = "model_transaction_policy { decoupled: True }\n"
+
+
+def _sender_inputs(
+    before: int, final_before: bool, returned: bool, after: int, final_after: bool
+) -> dict[str, np.ndarray]:
+    return {
+        "NUMBER_OF_RESPONSE_BEFORE_RETURN": np.array([[before]], np.uint8),
+        "SEND_COMPLETE_FINAL_FLAG_BEFORE_RETURN": np.array([[final_before]], bool),
+        "RETURN_A_RESPONSE": np.array([[returned]], bool),
+        "NUMBER_OF_RESPONSE_AFTER_RETURN": np.array([[after]], np.uint8),
+        "SEND_COMPLETE_FINAL_FLAG_AFTER_RETURN": np.array([[final_after]], bool),
+    }
+
+
+def _assert_responses_valid(
+    responses: list[Outputs], before: int, returned: bool, after: int
+) -> None:
+    """Upstream's ``_assert_responses_valid``: responses numbered < 1000 were returned,
+    < 2000 sent before returning, < 3000 after."""
+    before_count = 0
+    response_returned = False
+    after_count = 0
+    for result in responses:
+        result_np = result["INDEX"]
+        response_id = result_np.sum() / result_np.shape[0]
+        if response_id < 1000:
+            assert not response_returned, "Expect at most one response returned per request."
+            response_returned = True
+        elif response_id < 2000:
+            before_count += 1
+        elif response_id < 3000:
+            after_count += 1
+        else:
+            raise ValueError(f"Unexpected response_id: {response_id}")
+    assert before == before_count
+    assert returned == response_returned
+    assert after == after_count
+
+
+def _parallel(model: LoadedModel, inputs: list[dict[str, np.ndarray]]) -> list[Outputs]:
+    """Every request's responses, the requests made at once (one stream each, as a gRPC
+    stream's ``async_stream_infer`` sends them)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(len(inputs)) as pool:
+        streams = list(pool.map(lambda x: list(model.stream(x)), inputs))
+    return [r for responses in streams for r in responses]
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+@pytest.mark.parametrize("decoupled", [False, True], ids=["non_decoupled", "decoupled"])
+def test_upstream_response_sender_multiple_requests(
+    tmp_path: Path, isolated: bool, decoupled: bool
+) -> None:
+    """qa response_sender's ``test_decoupled_multiple_requests`` and
+    ``test_non_decoupled_multiple_requests``: the requests, each answering differently,
+    reach the batching models (``response_sender[_decoupled][_async]_batching``, laid out
+    as response_sender/test.sh does) together; upstream's assertions on all responses."""
+    from upstream_models import PYTHON_MODELS, repository
+
+    sender = PYTHON_MODELS / "response_sender"
+    suffix = _DECOUPLED if decoupled else ""
+    names = [f"response_sender{'_decoupled' if decoupled else ''}{a}_batching"
+             for a in ("", "_async")]  # fmt: skip
+    repository(
+        tmp_path, {name: sender for name in names},
+        model_file={names[1]: "model_async.py"},
+        config_edit={name: (lambda t: t + suffix + _SENDER_BATCHING) for name in names},
+    )  # fmt: skip
+    if decoupled:
+        parallel_inputs = [_sender_inputs(*p) for p in (
+            (0, True, False, 0, False), (0, False, False, 0, True), (1, True, False, 0, False),
+            (0, False, False, 1, True), (2, True, False, 0, False), (0, False, False, 2, True),
+            (1, False, False, 3, True),
+        )]  # fmt: skip
+        expected = (4, False, 6)
+    else:
+        parallel_inputs = [_sender_inputs(*p) for p in (
+            (0, False, True, 0, False), (1, True, False, 0, False), (0, False, False, 1, True),
+        )]  # fmt: skip
+        expected = (1, True, 1)
+    with ModelRepository(tmp_path) as repo:
+        for name in names:
+            model = repo.load(name, isolated=isolated, timeout=60)
+            _assert_responses_valid(_parallel(model, parallel_inputs), *expected)
+            assert model.statistics()["execution_count"] < len(parallel_inputs)
+
+
+def test_unload_fails_queued_requests(tmp_path: Path) -> None:
+    """Unloading waits for the running batch; requests still queued fail with Triton's
+    unknown-model error."""
+    repo, model = _load(tmp_path, "dynamic_batching { }", max_batch_size=0)
+    with repo:
+        busy = model.infer_async(_req(0), parameters={"sleep": 0.5})
+        time.sleep(0.1)
+        queued = [model.infer_async(_req(i)) for i in (1, 2)]
+        time.sleep(0.1)
+        model.unload()
+        _check_own([busy.result(30)], [(1, 2)])
+        for future in queued:
+            with pytest.raises(InferenceError) as info:
+                future.result(30)
+            assert info.value.message() == "Request for unknown model: 'b' is not found"
+        assert not model.loaded

@@ -1,0 +1,72 @@
+# Copyright 2026, NVIDIA CORPORATION & AFFILIATES. All rights reserved.
+#
+# Redistribution and use in source and binary forms, with or without
+# modification, are permitted provided that the following conditions
+# are met:
+#  * Redistributions of source code must retain the above copyright
+#    notice, this list of conditions and the following disclaimer.
+#  * Redistributions in binary form must reproduce the above copyright
+#    notice, this list of conditions and the following disclaimer in the
+#    documentation and/or other materials provided with the distribution.
+#  * Neither the name of NVIDIA CORPORATION nor the names of its
+#    contributors may be used to endorse or promote products derived
+#    from this software without specific prior written permission.
+#
+# THIS SOFTWARE IS PROVIDED BY THE COPYRIGHT HOLDERS ``AS IS'' AND ANY
+# EXPRESS OR IMPLIED WARRANTIES, INCLUDING, BUT NOT LIMITED TO, THE
+# IMPLIED WARRANTIES OF MERCHANTABILITY AND FITNESS FOR A PARTICULAR
+# PURPOSE ARE DISCLAIMED.  IN NO EVENT SHALL THE COPYRIGHT OWNER OR
+# CONTRIBUTORS BE LIABLE FOR ANY DIRECT, INDIRECT, INCIDENTAL, SPECIAL,
+# EXEMPLARY, OR CONSEQUENTIAL DAMAGES (INCLUDING, BUT NOT LIMITED TO,
+# PROCUREMENT OF SUBSTITUTE GOODS OR SERVICES; LOSS OF USE, DATA, OR
+# PROFITS; OR BUSINESS INTERRUPTION) HOWEVER CAUSED AND ON ANY THEORY
+# OF LIABILITY, WHETHER IN CONTRACT, STRICT LIABILITY, OR TORT
+# (INCLUDING NEGLIGENCE OR OTHERWISE) ARISING IN ANY WAY OUT OF THE USE
+# OF THIS SOFTWARE, EVEN IF ADVISED OF THE POSSIBILITY OF SUCH DAMAGE.
+
+import json
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """
+    Parameterized test model for user-defined is_ready() testing.
+
+    Behavior is controlled via config.pbtxt parameters:
+      READINESS_FN_RETURN_VALUE - "true", "false", "exception", or "non_boolean"
+      READINESS_FN_DELAY_SECS  - seconds to sleep before returning (e.g. "0.1")
+    """
+
+    def initialize(self, args):
+        model_config = json.loads(args["model_config"])
+        params = model_config.get("parameters", {})
+        self.readiness_return_value = params.get("READINESS_FN_RETURN_VALUE", {}).get(
+            "string_value", "true"
+        )
+        self.readiness_delay_secs = float(
+            params.get("READINESS_FN_DELAY_SECS", {}).get("string_value", "0")
+        )
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            input_tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            out_tensor = pb_utils.Tensor("OUTPUT0", input_tensor.as_numpy())
+            responses.append(pb_utils.InferenceResponse([out_tensor]))
+        return responses
+
+    def is_ready(self):
+        if self.readiness_delay_secs > 0:
+            time.sleep(self.readiness_delay_secs)
+
+        if self.readiness_return_value == "true":
+            return True
+        elif self.readiness_return_value == "false":
+            return False
+        elif self.readiness_return_value == "exception":
+            raise RuntimeError("Internal check failed – model is not ready")
+        elif self.readiness_return_value == "non_boolean":
+            return "ready"
+        return True
