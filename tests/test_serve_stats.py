@@ -1,6 +1,5 @@
 """Statistics over HTTP and gRPC and Triton's ``nv_inference_*`` metrics, from what the runtime
-records (``LoadedModel.statistics()``); before the runtime records statistics, the endpoints
-answer 501 / UNIMPLEMENTED."""
+records (``LoadedModel.statistics()``)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,6 @@ from serve_support import EXAMPLES, add_sub_json, needs_serve, raw
 pytestmark = needs_serve
 
 
-def _recorded() -> bool:
-    from pb_tensor.runtime import LoadedModel
-
-    return hasattr(LoadedModel, "statistics")
-
-
 def test_statistics(triton_server: Any) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
@@ -30,18 +23,14 @@ def test_statistics(triton_server: Any) -> None:
         status, _, _ = raw(server.http_url, "POST", "/v2/models/add_sub/infer",
                            json.dumps(add_sub_json(values)).encode())
         assert status == 200
+    invalid = {"inputs": add_sub_json()["inputs"][:1]}  # a request Triton refuses
+    status, _, _ = raw(server.http_url, "POST", "/v2/models/add_sub/infer",
+                       json.dumps(invalid).encode())
+    assert status == 400
     with urllib.request.urlopen(server.metrics_url, timeout=30) as response:
         metrics = response.read().decode()
     assert 'nv_inference_pending_request_count{model="add_sub",version="1"} 0' in metrics
     with httpclient.InferenceServerClient(server.http_url) as client:
-        if not _recorded():
-            with pytest.raises(InferenceServerException) as caught:
-                client.get_inference_statistics("add_sub")
-            assert caught.value.status() == "501"
-            assert caught.value.message() == (
-                "statistics are not recorded by this version of pb_tensor.runtime")
-            assert "statistics" not in client.get_server_metadata()["extensions"]
-            return
         assert "statistics" in client.get_server_metadata()["extensions"]
         stats = client.get_inference_statistics("add_sub")["model_stats"]
         every = client.get_inference_statistics()["model_stats"]
@@ -54,7 +43,7 @@ def test_statistics(triton_server: Any) -> None:
     assert entry["inference_count"] == 3
     assert entry["execution_count"] == 3
     assert entry["inference_stats"]["success"]["count"] == 3
-    assert entry["inference_stats"]["fail"]["count"] == 0
+    assert entry["inference_stats"]["fail"]["count"] == 1
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         grpc_stats = client.get_inference_statistics("add_sub", as_json=True)
     [grpc_entry] = grpc_stats["model_stats"]
@@ -65,3 +54,5 @@ def test_statistics(triton_server: Any) -> None:
     assert 'nv_inference_request_success{model="add_sub",version="1"} 3' in metrics
     assert 'nv_inference_count{model="add_sub",version="1"} 3' in metrics
     assert 'nv_inference_exec_count{model="add_sub",version="1"} 3' in metrics
+    assert ('nv_inference_request_failure{model="add_sub",reason="BACKEND",version="1"} 1'
+            in metrics)

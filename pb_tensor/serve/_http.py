@@ -51,6 +51,7 @@ EXTENSIONS = [
     "model_configuration",
     "binary_tensor_data",
     "parameters",
+    "statistics",
 ]
 
 
@@ -62,13 +63,8 @@ def server_metadata() -> dict[str, Any]:
 
 
 def extensions() -> list[str]:
-    """Triton's extensions served here (``statistics`` where the runtime records them)."""
-    from pb_tensor.runtime import LoadedModel
-
-    found = list(EXTENSIONS)
-    if hasattr(LoadedModel, "statistics"):
-        found.append("statistics")
-    return found
+    """Triton's extensions served here."""
+    return list(EXTENSIONS)
 
 
 def _error_body(message: str) -> bytes:

@@ -6,26 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from pb_tensor.runtime import LoadedModel
 from pb_tensor.serve._core import Core, parse_version
-from pb_tensor.serve._errors import UNSUPPORTED, ServeError
 
 __all__ = ["metric_lines", "statistics"]
 
 
-def _entry(model: Any) -> dict[str, Any]:
-    read = getattr(model, "statistics", None)
-    if read is None:
-        raise ServeError("statistics are not recorded by this version of pb_tensor.runtime",
-                         UNSUPPORTED)
-    entry: dict[str, Any] = read()
-    return entry
+def _entry(model: LoadedModel) -> dict[str, Any]:
+    return model.statistics()
 
 
 def statistics(core: Core, name: str, version: str) -> list[dict[str, Any]]:
     """The statistics entries of every loaded model (``name`` ""), or of one model version.
 
     Raises:
-        ServeError: an unknown model or version (Triton's messages); statistics not recorded.
+        ServeError: an unknown model or version (Triton's messages).
     """
     if not name:
         if version:
@@ -67,10 +62,9 @@ def _value(entry: dict[str, Any], path: tuple[str, ...]) -> int:
 
 
 def metric_lines(core: Core) -> list[str]:
-    """Triton's ``nv_inference_*`` families for every loaded model version (none when the
-    runtime records no statistics)."""
+    """Triton's ``nv_inference_*`` families for every loaded model version."""
     models = sorted(core.loaded_models(), key=lambda m: m.name)
-    entries = [(m, _entry(m)) for m in models if getattr(m, "statistics", None) is not None]
+    entries = [(m, _entry(m)) for m in models]
     lines: list[str] = []
     for family, text, path, divisor in _COUNTERS:
         if not entries:
