@@ -220,3 +220,25 @@ def test_sigterm_drains_requests_in_flight(tmp_path: Any) -> None:
     caller.join(30)
     assert status == 0, rest
     assert [(s, a["outputs"][0]["data"]) for s, a in answers] == [(200, [7, 8])]
+
+
+def test_flags_take_tritonservers_spellings() -> None:
+    from pb_tensor.cli import _parser
+    from pb_tensor.serve._cli import options_from_args
+
+    args = _parser().parse_args([
+        "serve", "--model-repository=a", "--model-store", "b", "--allow-http=false",
+        "--allow-metrics", "0", "--exit-on-error=false", "--strict-model-config",
+        "--model-control-mode=explicit", "--load-model", "m1", "--load-model=*",
+        "--http-port", "9000", "--grpc-address", "0.0.0.0", "--log-verbose", "1",
+        "--http-max-input-size", "1024", "--in-process",
+    ])  # fmt: skip
+    options = options_from_args(args)
+    assert options.model_repositories == ["a", "b"]
+    assert (options.allow_http, options.allow_grpc, options.allow_metrics) == (
+        False, True, False)
+    assert (options.exit_on_error, options.strict_model_config) == (False, True)
+    assert (options.model_control_mode, options.load_models) == ("explicit", ["m1", "*"])
+    assert (options.http_port, options.grpc_port, options.metrics_port) == (9000, 8001, 8002)
+    assert (options.http_address, options.grpc_address) == ("127.0.0.1", "0.0.0.0")
+    assert (options.log_verbose, options.max_input_size, options.in_process) == (1, 1024, True)
