@@ -270,3 +270,19 @@ def test_generate_and_generate_stream(server: Any) -> None:
     assert error_of(server.http_url, "/v2/models/decoupled_repeat/generate_stream",
                     json.dumps({"N": [1, 2]}).encode()) == (
         400, "The schema can not convert input 'N' to tensor with proper shape")
+
+
+def test_strict_model_config_refuses_a_model_without_config(triton_server: Any) -> None:
+    import tritonclient.http as httpclient
+
+    server = triton_server(EXAMPLES, model_control_mode="explicit", in_process=True,
+                           load_models=["auto_complete", "add_sub"], exit_on_error=False,
+                           strict_model_config=True, allow_grpc=False, allow_metrics=False)
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        assert client.is_model_ready("add_sub")
+        assert not client.is_model_ready("auto_complete")
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["auto_complete"]["state"] == "UNAVAILABLE"
+    assert index["auto_complete"]["reason"].startswith("no ")
+    assert index["auto_complete"]["reason"].endswith(
+        "auto_complete/config.pbtxt (strict model config)")
