@@ -299,6 +299,14 @@ def _parser() -> argparse.ArgumentParser:
                         description="Versions, fast paths and CUDA availability on this "
                                     "machine; imports no framework.")
     add_subcommands(commands)
+    from pb_tensor.serve._cli import add_arguments
+
+    serve = commands.add_parser(
+        "serve", help="Triton's HTTP / gRPC / metrics server for a model repository",
+        description="Serve a Triton model repository with Triton's HTTP, gRPC and metrics "
+                    "protocol (tritonserver's flag names; needs the serve extra).",
+    )  # fmt: skip
+    add_arguments(serve)
     return parser
 
 
@@ -309,6 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pb_tensor.runtime._cli import run_command
 
         return run_command(args)
+    if args.command == "serve":
+        from pb_tensor.serve._cli import main as serve_main
+
+        return serve_main(args)
     handlers: dict[str | None, Callable[[], int]] = {
         None: _demo, "demo": _demo, "bench": _bench, "doctor": _doctor,
     }

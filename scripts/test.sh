@@ -9,8 +9,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # The project is installed once (one editable install); torch==2.13.0 (the CPU wheel) comes from
-# the interop extra.
-.venv/bin/python -m pip install --quiet -e ".[test,interop,bench,runtime]"
+# the interop extra. The serve extra (uvicorn, httptools, uvloop, grpcio) has wheels for every
+# supported Python, so it installs here too; the bench extra brings tritonclient[http,grpc],
+# which the serve tests drive the server with (they skip, saying so, where either is missing).
+.venv/bin/python -m pip install --quiet -e ".[test,interop,bench,runtime,serve]"
 # The optional extras' packages, as pyproject.toml declares them, constrained to what is
 # installed now: an optional package that would downgrade one (ml_dtypes) fails instead of
 # changing it. cuda-python is optional and its absence only skips the tests that need it; Ray

@@ -213,3 +213,12 @@ def test_dlpack_ctypes_cli(args: list[str]) -> None:
         assert proc.returncode == 0
         assert "usage: python -m dlpack_ctypes" in proc.stdout
         assert "``" not in proc.stdout
+
+
+def test_serve_without_its_extra_says_what_to_install() -> None:
+    proc = _run("serve", "--model-repository", "examples/model_repository",
+                hide=("uvicorn", "grpc"))
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        'error: pb-tensor serve needs the serve extra (missing: uvicorn, grpc): pip install '
+        '-e ".[serve]" in a clone')

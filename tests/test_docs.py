@@ -19,7 +19,10 @@ from conftest import REPO_ROOT
 
 DOCS_ROOT = Path(__file__).resolve().parent.parent
 # Libraries a block may need that this suite does not install everywhere.
-OPTIONAL = ("torch", "jax", "jaxlib", "ray", "cupy", "ml_dtypes", "tritonclient", "google")
+OPTIONAL = (
+    "torch", "jax", "jaxlib", "ray", "cupy", "ml_dtypes", "tritonclient", "google", "uvicorn",
+    "grpc",
+)
 SHELL = ("bash", "sh", "shell")
 _FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 

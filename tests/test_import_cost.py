@@ -26,6 +26,7 @@ DEFERRED_BY_PB_TENSOR_IMPORT = (
     "pb_tensor.shm",
     "pb_tensor.cuda",
     "pb_tensor.runtime",
+    "pb_tensor.serve",
     "pb_tensor.utils",
     "dlpack_ctypes.consumer",
     "dlpack_ctypes.exporters",
@@ -99,6 +100,28 @@ def test_import_pb_tensor_loads_only_the_package_modules(run_python: RunPython) 
     assert added == {"pb_tensor", *DLPACK_CTYPES_EAGER}
     for name in DEFERRED_BY_PB_TENSOR_IMPORT:
         assert name not in added
+
+
+# The serve extra's packages and the front door's modules: nothing but ``serve`` loads them.
+SERVE_ONLY = ("uvicorn", "grpc", "httptools", "uvloop", "pb_tensor.serve._server",
+              "pb_tensor.serve._core", "pb_tensor.serve._http", "pb_tensor.serve._grpc")
+
+
+def test_runtime_plugin_and_command_line_leave_serve_out(run_python: RunPython) -> None:
+    """The runtime, a model run in-process, the pytest plugin and the command line's parser
+    never import the front door's server or its packages (the ``serve`` extra)."""
+    pytest.importorskip("google.protobuf", reason="the runtime needs protobuf")
+    added = _added_modules(run_python, (
+        "from pb_tensor.runtime import ModelRepository, example_repository\n"
+        "import pb_tensor.runtime.pytest_plugin\n"
+        "from pb_tensor.cli import _parser\n"
+        "_parser().parse_args(['serve', '--model-repository', 'x'])\n"
+        "with ModelRepository(example_repository()) as repo:\n"
+        "    repo.load('add_sub', isolated=False).infer("
+        "{'INPUT0': [1.0], 'INPUT1': [2.0]})"
+    ))  # fmt: skip
+    assert "pb_tensor.runtime._model" in added
+    assert sorted(m for m in added if m.split(".")[0] in SERVE_ONLY or m in SERVE_ONLY) == []
 
 
 def test_import_dlpack_ctypes_loads_only_the_export_registry(run_python: RunPython) -> None:

@@ -1,0 +1,463 @@
+"""The protocol-independent part of the front door: which models are loaded (Triton's model
+control modes), their metadata, loading and unloading, and running requests.
+
+Only :mod:`pb_tensor.runtime`'s public API is used; every error is a :class:`ServeError` with
+Triton's code and message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pb_tensor.runtime import (
+    InferenceError,
+    LoadedModel,
+    ModelLoadError,
+    ModelRepository,
+    Outputs,
+    ResponseStream,
+)
+from pb_tensor.serve._errors import (
+    INTERNAL,
+    NOT_FOUND,
+    UNAVAILABLE,
+    ServeError,
+)
+from pb_tensor.serve._shm import Regions
+
+__all__ = ["Core", "ModelState", "Options", "parse_version"]
+
+log = logging.getLogger("pb_tensor.serve")
+
+CONTROL_MODES = ("none", "explicit", "poll")
+
+
+@dataclasses.dataclass
+class Options:
+    """What ``pb-tensor serve`` runs: tritonserver's options of the same names."""
+
+    model_repositories: list[str]
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    http_address: str = "127.0.0.1"
+    grpc_address: str = "127.0.0.1"
+    metrics_address: str = "127.0.0.1"
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    model_control_mode: str = "none"
+    load_models: list[str] = dataclasses.field(default_factory=list)
+    strict_model_config: bool = False
+    exit_on_error: bool = True
+    log_verbose: int = 0
+    in_process: bool = False
+    # --http-max-input-size (Triton's default: 64 MiB)
+    max_input_size: int = 64 * 1024 * 1024
+
+
+@dataclasses.dataclass
+class ModelState:
+    """A model's row in the repository index: its version, state and reason."""
+
+    name: str
+    version: str = ""
+    state: str = ""
+    reason: str = ""
+
+
+def parse_version(text: str) -> int:
+    """Triton's ``GetModelVersionFromString``: ``""`` is -1 (latest).
+
+    Raises:
+        ServeError: not an integer, or negative (Triton's messages).
+    """
+    if not text:
+        return -1
+    try:
+        version = int(text)
+    except ValueError:
+        raise ServeError(
+            f"failed to get model version from specified version string '{text}' (details: "
+            "stol), version should be an integral value > 0"
+        ) from None
+    if version < 0:
+        raise ServeError(
+            f"invalid model version specified '{text}' , version should be an integral "
+            "value > 0"
+        )
+    return version
+
+
+def inference_error(exc: InferenceError) -> ServeError:
+    """The runtime's error as a front-door error (same message and code)."""
+    return ServeError(exc.message(), int(exc.code()))
+
+
+class Core:
+    """Models of one or more repositories, loaded as ``options`` says.
+
+    Thread-safe: loading and unloading run in worker threads, requests on event loops.
+    """
+
+    def __init__(self, options: Options) -> None:
+        if options.model_control_mode not in CONTROL_MODES:
+            raise ServeError(
+                f"unknown model control mode '{options.model_control_mode}' (choose from "
+                "none, explicit, poll)"
+            )
+        if options.model_control_mode == "poll":
+            raise ServeError(
+                "--model-control-mode=poll is not supported by pb-tensor serve (use none or "
+                "explicit)", UNAVAILABLE,
+            )
+        self.options = options
+        # Inputs are views of the request's own (writable) buffer, which nothing else reads:
+        # in-process models may take them without a copy, as a stub takes its shared memory.
+        self._repositories = [
+            ModelRepository(p, share_inputs=True) for p in options.model_repositories
+        ]
+        self._lock = threading.RLock()
+        self._loaded: dict[str, LoadedModel] = {}
+        self._states: dict[str, ModelState] = {}
+        self._overrides: dict[str, tuple[ModelRepository, str]] = {}
+        self._inflight = 0
+        self._pending: dict[str, int] = {}
+        self.regions = Regions()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=64, thread_name_prefix="pb-tensor-serve-infer"
+        )
+        self._idle = threading.Condition(self._lock)
+        self.live = True
+        self.ready = False
+        self.startup_failures: list[str] = []
+
+    # -- repository ---------------------------------------------------------------------------
+    def _repository_of(self, name: str) -> ModelRepository | None:
+        for repo in self._repositories:
+            if name in repo.models():
+                return repo
+        return None
+
+    def names(self) -> list[str]:
+        """Every model name of the repositories, sorted."""
+        names: set[str] = set()
+        for repo in self._repositories:
+            names.update(repo.models())
+        return sorted(names)
+
+    def startup(self) -> list[ModelState]:
+        """Load the models the control mode asks for (every model with ``none``; the
+        ``--load-model`` ones with ``explicit``, ``*`` for all); their states."""
+        if self.options.model_control_mode == "none" or "*" in self.options.load_models:
+            wanted = self.names()
+        else:
+            wanted = list(dict.fromkeys(self.options.load_models))
+        for name in wanted:
+            try:
+                self.load(name, None, {}, startup=True)
+            except ServeError as exc:
+                self.startup_failures.append(name)
+                log.error("%s", exc.message.rstrip())
+        self.ready = True
+        with self._lock:
+            return [self._states[n] for n in sorted(self._states)]
+
+    def index(self, ready_only: bool) -> list[ModelState]:
+        """Triton's repository index: every model of the repositories, with the state and
+        version of those that were loaded or failed to load."""
+        with self._lock:
+            rows = [self._states.get(n, ModelState(n)) for n in self.names()]
+            rows += [s for n, s in self._states.items() if n not in self.names()]
+        rows.sort(key=lambda s: s.name)
+        return [r for r in rows if r.state == "READY"] if ready_only else rows
+
+    def model(self, name: str, version: str = "") -> LoadedModel:
+        """The loaded model ``name`` (``version`` "" for the latest).
+
+        Raises:
+            ServeError: Triton's ``Request for unknown model`` errors.
+        """
+        wanted = parse_version(version)
+        with self._lock:
+            model = self._loaded.get(name)
+            known = name in self._states
+        if model is None:
+            if known:
+                raise ServeError(
+                    f"Request for unknown model: '{name}' has no available versions", NOT_FOUND
+                )
+            raise ServeError(f"Request for unknown model: '{name}' is not found")
+        if wanted not in (-1, model.version):
+            raise ServeError(
+                f"Request for unknown model: '{name}' version {wanted} is not found", NOT_FOUND
+            )
+        return model
+
+    def loaded_models(self) -> list[LoadedModel]:
+        """The models loaded now."""
+        with self._lock:
+            return list(self._loaded.values())
+
+    # -- control ------------------------------------------------------------------------------
+    def load(self, name: str, config: str | None, files: Mapping[str, bytes], *,
+             startup: bool = False) -> None:
+        """Load (or reload) model ``name``; ``config`` (JSON) and ``files`` (paths relative to
+        the model directory) override the repository's, as Triton's load request does.
+
+        Raises:
+            ServeError: load/unload not allowed in this mode, no such model, or it failed to
+                load (Triton's messages).
+        """
+        if not startup and self.options.model_control_mode != "explicit":
+            raise ServeError(
+                "explicit model load / unload is not allowed if polling is enabled",
+                UNAVAILABLE,
+            )
+        if files and config is None:
+            raise ServeError(
+                "Load parameter 'config' must be specified for model file override"
+            )
+        repo = self._repository_of(name)
+        if repo is None and not files:
+            raise ServeError(
+                f"failed to load '{name}', failed to poll from model repository", INTERNAL
+            )
+        override: tuple[ModelRepository, str] | None = None
+        try:
+            if config is not None:
+                override = self._override(name, repo, config, files)
+                repo = override[0]
+            if repo is None:  # unreachable: files come with a config
+                raise ServeError(f"failed to load '{name}'", INTERNAL)
+            self._unload(name)
+            config_path = os.path.join(repo.path, name, "config.pbtxt")
+            if self.options.strict_model_config and not os.path.isfile(config_path):
+                with self._lock:
+                    self._states[name] = ModelState(name, "", "UNAVAILABLE",
+                                                    f"no {config_path} (strict model config)")
+                raise ServeError(
+                    f"load failed for model '{name}': --strict-model-config=true needs "
+                    f"{config_path}\n"
+                )
+            try:
+                model = repo.load(name, isolated=not self.options.in_process)
+            except ModelLoadError as exc:
+                self._discard(override)
+                version = repo.versions(name)
+                with self._lock:
+                    self._states[name] = ModelState(
+                        name, str(version[-1]) if version else "", "UNAVAILABLE", str(exc)
+                    )
+                raise ServeError(f"load failed for model '{name}': {exc}\n") from None
+        except BaseException:
+            self._discard(override)
+            raise
+        with self._lock:
+            self._loaded[name] = model
+            self._states[name] = ModelState(name, str(model.version), "READY", "")
+            if override is not None:
+                self._overrides[name] = override
+
+    def _override(self, name: str, repo: ModelRepository | None, config: str,
+                  files: Mapping[str, bytes]) -> tuple[ModelRepository, str]:
+        import json
+
+        from google.protobuf import json_format
+
+        from pb_tensor.serve._protos import config_to_text
+
+        try:
+            text = config_to_text(json.loads(config))
+        except (ValueError, json_format.ParseError) as exc:
+            raise ServeError(f"failed to load '{name}': invalid config override: {exc}") from None
+        root = tempfile.mkdtemp(prefix="pb-tensor-serve-")
+        model_dir = os.path.join(root, name)
+        try:
+            if files:
+                os.makedirs(model_dir)
+                for rel, data in files.items():
+                    path = os.path.normpath(os.path.join(model_dir, rel))
+                    if not path.startswith(model_dir + os.sep):
+                        raise ServeError(f"failed to load '{name}': file path '{rel}' leaves "
+                                         "the model directory")
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(path, "wb") as f:
+                        f.write(data)
+            elif repo is not None:
+                shutil.copytree(os.path.join(repo.path, name), model_dir, symlinks=True)
+            with open(os.path.join(model_dir, "config.pbtxt"), "w", encoding="utf-8") as f:
+                f.write(text)
+            return ModelRepository(root, share_inputs=True), root
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+
+    @staticmethod
+    def _discard(override: tuple[ModelRepository, str] | None) -> None:
+        if override is not None:
+            override[0].close()
+            shutil.rmtree(override[1], ignore_errors=True)
+
+    def unload(self, name: str) -> None:
+        """Unload model ``name`` (its ``finalize`` runs, its stub stops).
+
+        Raises:
+            ServeError: not allowed in this control mode.
+        """
+        if self.options.model_control_mode != "explicit":
+            raise ServeError(
+                "explicit model load / unload is not allowed if polling is enabled",
+                UNAVAILABLE,
+            )
+        self._unload(name)
+
+    def _unload(self, name: str) -> None:
+        with self._lock:
+            model = self._loaded.pop(name, None)
+            override = self._overrides.pop(name, None)
+            if model is not None:
+                self._states[name] = ModelState(name, str(model.version), "UNAVAILABLE",
+                                                "unloaded")
+        if model is not None:
+            model.unload()
+        self._discard(override)
+
+    # -- requests -----------------------------------------------------------------------------
+    async def infer(self, model: LoadedModel, inputs: Mapping[str, Any],
+                    requested: Sequence[str] | None, parameters: Mapping[str, Any],
+                    request_id: str, correlation_id: int | str, flags: int) -> Outputs:
+        """Run one request on ``model`` in a worker thread; cancelling the awaiting task (a
+        client that went away) cancels the request, which the model sees.
+
+        Raises:
+            ServeError: the request is invalid or the model answered with an error.
+        """
+        if not self.options.in_process:
+            return await self._infer_future(model, inputs, requested, parameters, request_id,
+                                            correlation_id, flags)
+        # In-process, the request runs as a stream of its one response on a pool thread: the
+        # stream's cancel() reaches the model from here (infer_async's future costs a thread
+        # and, measured, ~0.5 ms more per request). With stub processes, a stream that ends
+        # in an error response waits for a final flag that does not come (bounded, 10 s), so
+        # there infer_async's future is used.
+        stream = self.stream(model, inputs, requested, parameters, request_id,
+                             correlation_id, flags)
+
+        def run() -> Outputs | None:
+            try:
+                first = None
+                for outputs in stream:
+                    if first is None:
+                        first = outputs
+                return first
+            finally:
+                self.done(model)
+
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(self._executor, run)
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        except InferenceError as exc:
+            raise inference_error(exc) from None
+        if result is None:
+            raise ServeError(f"model '{model.name}' sent no response for the request",
+                             INTERNAL)
+        return result
+
+    async def _infer_future(self, model: LoadedModel, inputs: Mapping[str, Any],
+                            requested: Sequence[str] | None, parameters: Mapping[str, Any],
+                            request_id: str, correlation_id: int | str, flags: int
+                            ) -> Outputs:
+        self._enter(model.name)
+        try:
+            try:
+                future = model.infer_async(
+                    inputs, requested_outputs=requested or None, parameters=parameters or None,
+                    request_id=request_id, correlation_id=correlation_id, flags=flags,
+                )  # fmt: skip
+            except InferenceError as exc:
+                raise inference_error(exc) from None
+            except (TypeError, ValueError) as exc:
+                raise ServeError(str(exc)) from None
+            try:
+                return await asyncio.wrap_future(future)
+            except InferenceError as exc:
+                raise inference_error(exc) from None
+        finally:
+            self._leave(model.name)
+
+    def stream(self, model: LoadedModel, inputs: Mapping[str, Any],
+               requested: Sequence[str] | None, parameters: Mapping[str, Any],
+               request_id: str, correlation_id: int | str, flags: int) -> ResponseStream:
+        """Start one request on ``model`` for its responses one by one (decoupled models);
+        the caller iterates in a worker thread and calls :meth:`done` after.
+
+        Raises:
+            ServeError: malformed inputs.
+        """
+        try:
+            stream = model.stream(
+                inputs, requested_outputs=requested or None, parameters=parameters or None,
+                request_id=request_id, correlation_id=correlation_id, flags=flags,
+            )  # fmt: skip
+        except InferenceError as exc:
+            raise inference_error(exc) from None
+        except (TypeError, ValueError) as exc:
+            raise ServeError(str(exc)) from None
+        self._enter(model.name)
+        return stream
+
+    def done(self, model: LoadedModel) -> None:
+        """A stream from :meth:`stream` on ``model`` ended."""
+        self._leave(model.name)
+
+    def pending(self, name: str) -> int:
+        """Requests of model ``name`` in flight now."""
+        with self._lock:
+            return self._pending.get(name, 0)
+
+    def _enter(self, name: str) -> None:
+        with self._lock:
+            self._inflight += 1
+            self._pending[name] = self._pending.get(name, 0) + 1
+
+    def _leave(self, name: str) -> None:
+        with self._lock:
+            self._inflight -= 1
+            self._pending[name] -= 1
+            if self._inflight == 0:
+                self._idle.notify_all()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until no request runs; whether none does."""
+        with self._lock:
+            return self._idle.wait_for(lambda: self._inflight == 0, timeout)
+
+    def close(self) -> None:
+        """Unload every model (``finalize`` runs, stubs stop) and close the repositories,
+        which removes their shared memory."""
+        self.ready = False
+        self.live = False
+        with self._lock:
+            names = list(self._loaded)
+        for name in names:
+            try:
+                self._unload(name)
+            except Exception:
+                log.exception("unloading model '%s' failed", name)
+        for repo in self._repositories:
+            repo.close()
+        self._executor.shutdown(wait=False)
+        self.regions.close()

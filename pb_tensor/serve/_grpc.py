@@ -1,0 +1,391 @@
+"""Triton's gRPC service (``inference.GRPCInferenceService``) on grpcio's asyncio server:
+the unary methods matching the HTTP ones, and ``ModelStreamInfer`` for decoupled models."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+
+from pb_tensor.serve import _protos
+from pb_tensor.serve._core import Core, Options
+from pb_tensor.serve._errors import (
+    ALREADY_EXISTS,
+    CANCELLED,
+    INTERNAL,
+    INVALID_ARG,
+    NOT_FOUND,
+    UNAVAILABLE,
+    UNSUPPORTED,
+    ServeError,
+)
+from pb_tensor.serve._grpc_messages import Request, response_of
+from pb_tensor.serve._http import server_metadata
+
+__all__ = ["serve_grpc"]
+
+log = logging.getLogger("pb_tensor.serve")
+
+# Triton's gRPC limits: clients may send and receive up to INT32_MAX bytes.
+_MAX_MESSAGE = 2**31 - 1
+_STATUS = {
+    INTERNAL: grpc.StatusCode.INTERNAL,
+    NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+    UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
+    ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+    CANCELLED: grpc.StatusCode.CANCELLED,
+}
+_M = _protos.message
+
+
+class _Service:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    async def _fail(self, context: Any, exc: ServeError) -> None:
+        await context.abort(_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN), exc.message)
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return _M("ServerLiveResponse")(live=self.core.live)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        return _M("ServerReadyResponse")(ready=self.core.ready)
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        try:
+            model = self.core.model(request.name, request.version)
+        except ServeError:
+            return _M("ModelReadyResponse")(ready=False)
+        loop = asyncio.get_running_loop()
+        return _M("ModelReadyResponse")(ready=await loop.run_in_executor(None, model.is_ready))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        meta = server_metadata()
+        return _M("ServerMetadataResponse")(name=meta["name"], version=meta["version"],
+                                            extensions=meta["extensions"])
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        try:
+            model = self.core.model(request.name, request.version)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        config = model.config
+        batch = [-1] if config.get("max_batch_size", 0) >= 1 else []
+        response = _M("ModelMetadataResponse")(
+            name=request.name, versions=[str(model.version)],
+            platform=config.get("platform") or config.get("backend", "python"),
+        )  # fmt: skip
+        for entries, target in ((config.get("input", []), response.inputs),
+                                (config.get("output", []), response.outputs)):
+            for e in entries:
+                dt = e.get("data_type", "TYPE_INVALID").removeprefix("TYPE_")
+                target.add(name=e["name"], datatype="BYTES" if dt == "STRING" else dt,
+                           shape=batch + [int(d) for d in e.get("dims", [])])
+        return response
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        try:
+            model = self.core.model(request.name, request.version)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        return _M("ModelConfigResponse")(config=_protos.config_from_dict(model.config))
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        try:
+            model = self.core.model(request.model_name, request.model_version)
+            if model.decoupled:
+                raise ServeError("ModelInfer RPC doesn't support models with decoupled "
+                                 "transaction policy", UNSUPPORTED)
+            parsed = Request(request, stream=False, writable=self.core.options.in_process,
+                              regions=self.core.regions)
+            outputs = await self.core.infer(
+                model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
+                parsed.correlation_id, parsed.flags,
+            )  # fmt: skip
+            return response_of(request, model.version, outputs, parsed, self.core.regions)
+        except ServeError as exc:
+            await self._fail(context, exc)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any
+                               ) -> AsyncIterator[Any]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        done = object()
+        streams: set[Any] = set()
+        state = {"active": 1}
+
+        def put(item: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        async def reader() -> None:
+            try:
+                async for request in requests:
+                    state["active"] += 1
+                    self._start_stream(request, put, done, streams)
+            finally:
+                queue.put_nowait(done)
+
+        read = asyncio.ensure_future(reader())
+        try:
+            while True:
+                item = await queue.get()
+                if item is done:
+                    state["active"] -= 1
+                    if state["active"] == 0:
+                        return
+                    continue
+                yield item
+        finally:
+            read.cancel()
+            for stream in list(streams):  # the client went away: cancel what still runs
+                stream.cancel()
+
+    def _start_stream(self, request: Any, put: Any, done: object, streams: set[Any]) -> None:
+        def error(message: str) -> Any:
+            response = _M("ModelInferResponse")(
+                model_name=request.model_name, model_version=request.model_version,
+                id=request.id,
+            )  # fmt: skip
+            response.parameters["triton_final_response"].bool_param = True
+            return _M("ModelStreamInferResponse")(error_message=message,
+                                                  infer_response=response)
+
+        try:
+            model = self.core.model(request.model_name, request.model_version)
+            parsed = Request(request, stream=True, writable=self.core.options.in_process,
+                              regions=self.core.regions)
+            if not model.decoupled:  # one response: run it as ModelInfer runs it
+                self._start_single(request, model, parsed, put, done, error, streams)
+                return
+            stream = self.core.stream(
+                model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
+                parsed.correlation_id, parsed.flags,
+            )  # fmt: skip
+        except ServeError as exc:
+            put(error(exc.message))
+            put(done)
+            return
+        streams.add(stream)
+        decoupled = model.decoupled
+
+        def run() -> None:
+            from pb_tensor.runtime import InferenceError
+
+            try:
+                for outputs in stream:
+                    response = response_of(request, model.version, outputs, parsed,
+                                           self.core.regions)
+                    response.parameters["triton_final_response"].bool_param = not decoupled
+                    put(_M("ModelStreamInferResponse")(infer_response=response))
+                if decoupled and parsed.empty_final:
+                    response = _M("ModelInferResponse")(
+                        model_name=request.model_name, model_version=str(model.version),
+                        id=request.id,
+                    )  # fmt: skip
+                    response.parameters["triton_final_response"].bool_param = True
+                    put(_M("ModelStreamInferResponse")(infer_response=response))
+            except InferenceError as exc:
+                put(error(exc.message()))
+            except Exception as exc:
+                log.exception("stream request on model '%s' failed", request.model_name)
+                put(error(f"{type(exc).__name__}: {exc}"))
+            finally:
+                streams.discard(stream)
+                self.core.done(model)
+                put(done)
+
+        threading.Thread(target=run, name="pb-tensor-serve-stream", daemon=True).start()
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        from google.protobuf import json_format
+
+        from pb_tensor.serve._stats import statistics
+
+        try:
+            entries = statistics(self.core, request.name, request.version)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        response = _M("ModelStatisticsResponse")()
+        json_format.ParseDict({"model_stats": entries}, response, ignore_unknown_fields=True)
+        return response
+
+    def _start_single(self, request: Any, model: Any, parsed: Request, put: Any,
+                      done: object, error: Any, pending: set[Any]) -> None:
+        async def run() -> None:
+            try:
+                outputs = await self.core.infer(
+                    model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
+                    parsed.correlation_id, parsed.flags,
+                )  # fmt: skip
+                response = response_of(request, model.version, outputs, parsed,
+                                           self.core.regions)
+                response.parameters["triton_final_response"].bool_param = True
+                put(_M("ModelStreamInferResponse")(infer_response=response))
+            except ServeError as exc:
+                put(error(exc.message))
+            finally:
+                pending.discard(task)
+                put(done)
+
+        task = asyncio.ensure_future(run())
+        pending.add(task)  # cancelled with the stream
+
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        try:
+            entries = self.core.regions.status(request.name)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        response = _M("SystemSharedMemoryStatusResponse")()
+        for e in entries:
+            status = response.regions[e["name"]]
+            status.name, status.key = e["name"], e["key"]
+            status.offset, status.byte_size = e["offset"], e["byte_size"]
+        return response
+
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        try:
+            self.core.regions.register(request.name, request.key, request.offset,
+                                       request.byte_size)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        return _M("SystemSharedMemoryRegisterResponse")()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self.core.regions.unregister(request.name)
+        return _M("SystemSharedMemoryUnregisterResponse")()
+
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        if request.repository_name:
+            await self._fail(context, ServeError(
+                "'repository_name' specification is not supported", UNSUPPORTED))
+        response = _M("RepositoryIndexResponse")()
+        for s in self.core.index(request.ready):
+            response.models.add(name=s.name, version=s.version, state=s.state, reason=s.reason)
+        return response
+
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        try:
+            if request.repository_name:
+                raise ServeError("'repository_name' specification is not supported",
+                                 UNSUPPORTED)
+            for key, p in request.parameters.items():
+                if key == "config":
+                    if p.WhichOneof("parameter_choice") != "string_param":
+                        raise ServeError("Config parameter 'config' must have string type for "
+                                         "its value")
+                    config = p.string_param
+                elif key.startswith("file:"):
+                    if p.WhichOneof("parameter_choice") != "bytes_param":
+                        raise ServeError(f"File parameter '{key}' must have bytes type for its "
+                                         "value")
+                    files[key[len("file:"):]] = p.bytes_param
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self.core.load, request.model_name, config, files)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        return _M("RepositoryModelLoadResponse")()
+
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        try:
+            if request.repository_name:
+                raise ServeError("'repository_name' specification is not supported",
+                                 UNSUPPORTED)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self.core.unload, request.model_name)
+        except ServeError as exc:
+            await self._fail(context, exc)
+        return _M("RepositoryModelUnloadResponse")()
+
+
+_UNARY = {
+    "ServerLive": ("ServerLiveRequest", "ServerLiveResponse"),
+    "ServerReady": ("ServerReadyRequest", "ServerReadyResponse"),
+    "ModelReady": ("ModelReadyRequest", "ModelReadyResponse"),
+    "ServerMetadata": ("ServerMetadataRequest", "ServerMetadataResponse"),
+    "ModelMetadata": ("ModelMetadataRequest", "ModelMetadataResponse"),
+    "ModelConfig": ("ModelConfigRequest", "ModelConfigResponse"),
+    "ModelInfer": ("ModelInferRequest", "ModelInferResponse"),
+    "ModelStatistics": ("ModelStatisticsRequest", "ModelStatisticsResponse"),
+    "RepositoryIndex": ("RepositoryIndexRequest", "RepositoryIndexResponse"),
+    "SystemSharedMemoryUnregister": ("SystemSharedMemoryUnregisterRequest",
+                                     "SystemSharedMemoryUnregisterResponse"),
+    "SystemSharedMemoryRegister": ("SystemSharedMemoryRegisterRequest",
+                                   "SystemSharedMemoryRegisterResponse"),
+    "SystemSharedMemoryStatus": ("SystemSharedMemoryStatusRequest",
+                                 "SystemSharedMemoryStatusResponse"),
+    "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
+    "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
+}
+_NOT_SUPPORTED = {
+    "CudaSharedMemoryStatus": ("CudaSharedMemoryStatusRequest",
+                               "CudaSharedMemoryStatusResponse"),
+    "CudaSharedMemoryRegister": ("CudaSharedMemoryRegisterRequest",
+                                 "CudaSharedMemoryRegisterResponse"),
+    "CudaSharedMemoryUnregister": ("CudaSharedMemoryUnregisterRequest",
+                                   "CudaSharedMemoryUnregisterResponse"),
+    "TraceSetting": ("TraceSettingRequest", "TraceSettingResponse"),
+    "LogSettings": ("LogSettingsRequest", "LogSettingsResponse"),
+}
+
+
+def _not_supported(method: str) -> Any:
+    async def handler(request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"{method} is not supported by pb-tensor serve")
+
+    return handler
+
+
+def _handlers(core: Core) -> Any:
+    service = _Service(core)
+    methods: dict[str, Any] = {}
+    for name, (req, resp) in {**_UNARY, **_NOT_SUPPORTED}.items():
+        fn = getattr(service, name) if name in _UNARY else _not_supported(name)
+        methods[name] = grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=_M(req).FromString,
+            response_serializer=_M(resp).SerializeToString,
+        )  # fmt: skip
+    methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        service.ModelStreamInfer, request_deserializer=_M("ModelInferRequest").FromString,
+        response_serializer=_M("ModelStreamInferResponse").SerializeToString,
+    )  # fmt: skip
+    return grpc.method_handlers_generic_handler(_protos.SERVICE, methods)
+
+
+async def serve_grpc(core: Core, options: Options, stop: asyncio.Event,
+                     started: threading.Event, result: dict[str, Any]) -> None:
+    """Run the gRPC service on this thread's loop until ``stop`` is set; ``result["port"]``
+    is the bound port once ``started`` is set.
+
+    Raises:
+        ServeError: the port could not be bound.
+    """
+    server = grpc.aio.server(options=[
+        ("grpc.max_send_message_length", _MAX_MESSAGE),
+        ("grpc.max_receive_message_length", _MAX_MESSAGE),
+        ("grpc.so_reuseport", 0),
+    ])  # fmt: skip
+    server.add_generic_rpc_handlers((_handlers(core),))
+    address = options.grpc_address
+    host = f"[{address}]" if ":" in address else address
+    try:
+        port = server.add_insecure_port(f"{host}:{options.grpc_port}")
+    except RuntimeError as exc:
+        raise ServeError(f"failed to start GRPC service on {address}:{options.grpc_port}: "
+                         f"{exc}", INTERNAL) from None
+    if port == 0:
+        raise ServeError(f"failed to start GRPC service on {address}:{options.grpc_port}",
+                         INTERNAL)
+    await server.start()
+    result["port"] = port
+    started.set()
+    await stop.wait()
+    await server.stop(grace=30)

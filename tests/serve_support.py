@@ -1,0 +1,53 @@
+"""Helpers of the serve tests: skip without the serve extra, a server for a module, raw HTTP."""
+
+from __future__ import annotations
+
+import http.client
+import importlib.util
+import json
+import os
+from typing import Any
+
+import pytest
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLES = os.path.join(REPO_ROOT, "examples", "model_repository")
+
+_MISSING = [m for m in ("uvicorn", "grpc", "tritonclient", "google.protobuf")
+            if importlib.util.find_spec(m.split(".")[0]) is None]
+needs_serve = pytest.mark.skipif(
+    bool(_MISSING),
+    reason=f"pb-tensor serve needs the serve extra and tritonclient[http,grpc] (missing: "
+           f"{', '.join(_MISSING)})",
+)  # fmt: skip
+
+
+def raw(url: str, method: str, path: str, body: bytes | None = None,
+        headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP request without a client library: status, headers (lower-case), body."""
+    host, port = url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        response = conn.getresponse()
+        data = response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, data
+    finally:
+        conn.close()
+
+
+def error_of(url: str, path: str, body: bytes, headers: dict[str, str] | None = None
+             ) -> tuple[int, str]:
+    """Status and the ``error`` text of a POST that fails."""
+    status, _, data = raw(url, "POST", path, body, headers)
+    parsed: dict[str, Any] = json.loads(data)
+    return status, parsed["error"]
+
+
+def add_sub_json(values: list[float] | None = None) -> dict[str, Any]:
+    """An add_sub request with JSON data."""
+    data = values if values is not None else [1.0, 2.0, 3.0, 4.0]
+    return {"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [len(data)], "data": data},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [len(data)], "data": data},
+    ]}  # fmt: skip

@@ -1,0 +1,237 @@
+"""pb-tensor serve over gRPC, driven by tritonclient.grpc: the unary methods, ModelStreamInfer
+for a decoupled model (ids echoed, final flags, errors in-stream), repository control."""
+
+from __future__ import annotations
+
+import json
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from serve_support import EXAMPLES, needs_serve
+
+pytestmark = needs_serve
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    from pb_tensor.serve import Options, Server
+
+    options = Options([EXAMPLES], http_port=0, grpc_port=0, metrics_port=0,
+                      allow_http=False, allow_metrics=False, model_control_mode="explicit",
+                      load_models=["add_sub", "string_identity", "decoupled_repeat"])
+    with Server(options) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> Iterator[Any]:
+    import tritonclient.grpc as grpcclient
+
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:
+        yield c
+
+
+def _add_sub_inputs(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> list[Any]:
+    import tritonclient.grpc as grpcclient
+
+    inputs = [grpcclient.InferInput("INPUT0", list(a.shape), "FP32"),
+              grpcclient.InferInput("INPUT1", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+def test_unary_methods(client: Any) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("add_sub")
+    assert not client.is_model_ready("nope")
+    meta = client.get_server_metadata(as_json=True)
+    assert meta["name"] == "triton"
+    assert "binary_tensor_data" in meta["extensions"]
+    model = client.get_model_metadata("add_sub", as_json=True)
+    assert model["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1"]},
+                               {"name": "INPUT1", "datatype": "FP32", "shape": ["-1"]}]
+    config = client.get_model_config("string_identity", as_json=True)["config"]
+    assert config["input"][0]["data_type"] == "TYPE_STRING"
+    index = {m["name"]: m for m in client.get_model_repository_index(as_json=True)["models"]}
+    assert index["add_sub"]["state"] == "READY"
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_cuda_shared_memory_status()
+    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert caught.value.message() == (
+        "CudaSharedMemoryStatus is not supported by pb-tensor serve")
+
+
+def test_infer(client: Any) -> None:
+    a = np.arange(5, dtype=np.float32)
+    result = client.infer("add_sub", _add_sub_inputs(a, a + 1), request_id="g1")
+    assert result.get_response().id == "g1"
+    assert result.as_numpy("OUTPUT0").tolist() == (2 * a + 1).tolist()
+    assert result.as_numpy("OUTPUT1").tolist() == [-1.0] * 5
+    import tritonclient.grpc as grpcclient
+
+    text = grpcclient.InferInput("INPUT0", [2], "BYTES")
+    text.set_data_from_numpy(np.array([b"x", "é".encode()], dtype=object))
+    assert client.infer("string_identity", [text]).as_numpy("OUTPUT0").tolist() == [
+        b"x", "é".encode()]
+
+
+def test_errors(client: Any) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    a = np.arange(2, dtype=np.float32)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("nope", _add_sub_inputs(a, a))
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert caught.value.message() == "Request for unknown model: 'nope' is not found"
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("add_sub", _add_sub_inputs(a, a.astype(np.float32)[:1].repeat(3)))
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+    import tritonclient.grpc as grpcclient
+
+    n = grpcclient.InferInput("N", [1], "INT32")
+    n.set_data_from_numpy(np.array([2], dtype=np.int32))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("decoupled_repeat", [n])
+    assert caught.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert caught.value.message() == (
+        "ModelInfer RPC doesn't support models with decoupled transaction policy")
+
+
+def test_stream_decoupled(server: Any) -> None:
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        n = grpcclient.InferInput("N", [1], "INT32")
+        n.set_data_from_numpy(np.array([3], dtype=np.int32))
+        client.async_stream_infer("decoupled_repeat", [n], request_id="s1",
+                                  enable_empty_final_response=True)
+        got = [results.get(timeout=30) for _ in range(4)]
+        assert [e for _, e in got] == [None] * 4
+        assert [r.get_response().id for r, _ in got] == ["s1"] * 4
+        assert [r.as_numpy("OUT").tolist() for r, _ in got[:3]] == [[0], [1], [2]]
+        final = [r.get_response().parameters["triton_final_response"].bool_param
+                 for r, _ in got]
+        assert final == [False, False, False, True]
+        assert got[3][0].get_response().outputs == []
+        # An error arrives in the stream, which stays open for the next request.
+        client.async_stream_infer("nope", [n], request_id="bad")
+        result, error = results.get(timeout=30)
+        assert result is None
+        assert error.message() == "Request for unknown model: 'nope' is not found"
+        n.set_data_from_numpy(np.array([1], dtype=np.int32))
+        client.async_stream_infer("decoupled_repeat", [n], request_id="s2")
+        result, error = results.get(timeout=30)
+        assert error is None
+        assert result.get_response().id == "s2"
+        assert result.as_numpy("OUT").tolist() == [0]
+        client.stop_stream()
+    assert results.empty()  # no empty final response without enable_empty_final_response
+
+
+def test_stream_non_decoupled(server: Any) -> None:
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        a = np.ones(3, dtype=np.float32)
+        client.async_stream_infer("add_sub", _add_sub_inputs(a, a), request_id="n1")
+        result, error = results.get(timeout=30)
+        client.async_stream_infer("add_sub", _add_sub_inputs(a, a[:2]), request_id="n2")
+        bad, bad_error = results.get(timeout=30)
+        client.stop_stream()
+    assert error is None
+    assert result.as_numpy("OUTPUT0").tolist() == [2.0, 2.0, 2.0]
+    assert result.get_response().parameters["triton_final_response"].bool_param
+    assert bad is None  # the model's error response, in the stream
+    assert bad_error.message() == (
+        "INPUT0 and INPUT1 must have the same shape, got (3,) and (2,)")
+
+
+def test_repository_control(triton_server: Any) -> None:
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    server = triton_server(EXAMPLES, model_control_mode="explicit", in_process=True,
+                           allow_http=False, allow_metrics=False)
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.load_model("add_sub")
+        config = client.get_model_config("add_sub", as_json=True)["config"]
+        config["max_batch_size"] = 4
+        config["input"][0]["dims"] = ["3"]
+        config["input"][1]["dims"] = ["3"]
+        client.load_model("add_sub", config=json.dumps(config))
+        meta = client.get_model_metadata("add_sub", as_json=True)
+        assert meta["inputs"][0]["shape"] == ["-1", "3"]
+        client.unload_model("add_sub")
+        assert not client.is_model_ready("add_sub")
+        with pytest.raises(InferenceServerException) as caught:
+            client.get_model_config("add_sub")
+        assert caught.value.message() == (
+            "Request for unknown model: 'add_sub' has no available versions")
+
+
+_WAITS = '''
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.wait, args=(request,)).start()
+
+    def wait(self, request):
+        marker = pb_utils.get_input_tensor_by_name(request, "MARKER").as_numpy()[0]
+        sender = request.get_response_sender()
+        deadline = time.monotonic() + 20
+        while not sender.is_cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with open(marker.decode(), "w") as f:
+            f.write("cancelled" if sender.is_cancelled() else "not cancelled")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+'''
+_WAITS_CONFIG = """
+name: "waits"
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "MARKER" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_closed_stream_cancels_its_requests(triton_server: Any, tmp_path: Any) -> None:
+    import os
+    import time
+
+    import tritonclient.grpc as grpcclient
+
+    (tmp_path / "waits" / "1").mkdir(parents=True)
+    (tmp_path / "waits" / "config.pbtxt").write_text(_WAITS_CONFIG)
+    (tmp_path / "waits" / "1" / "model.py").write_text(_WAITS)
+    server = triton_server(str(tmp_path), allow_http=False, allow_metrics=False)
+    marker = tmp_path / "marker"
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: None)
+        tensor = grpcclient.InferInput("MARKER", [1], "BYTES")
+        tensor.set_data_from_numpy(np.array([str(marker).encode()], dtype=object))
+        client.async_stream_infer("waits", [tensor])
+        time.sleep(0.3)
+        assert not marker.exists()  # the model waits for the cancellation
+        client.stop_stream(cancel_requests=True)
+    deadline = time.monotonic() + 30
+    while not marker.exists() or not os.path.getsize(marker):
+        assert time.monotonic() < deadline, "the model did not see the cancellation"
+        time.sleep(0.02)
+    assert marker.read_text() == "cancelled"
