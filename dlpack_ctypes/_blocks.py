@@ -28,10 +28,13 @@ import _thread
 import atexit
 import collections
 import ctypes
+import functools
 import gc
+import operator
 import os
 import struct
 import sys
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -43,14 +46,20 @@ from dlpack_ctypes import _capi
 from dlpack_ctypes.abi import DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, DLDeviceType
 
 __all__ = [
+    "CALL",
+    "DEAD",
     "DELETER_ADDRESS",
+    "DELETER_TARGET",
     "DEVICE_TYPES",
     "EXPORT_SWEEP_STEP",
     "GC_SWEEP_EVERY",
     "GC_SWEEP_STEP",
     "LIVE",
     "MAX_NDIM",
+    "OWNED",
+    "Ref",
     "PENDING",
+    "REDUCE",
     "SWEEP_LIMIT",
     "c_strides",
     "check_shape",
@@ -62,6 +71,8 @@ __all__ = [
     "live_exports",
     "pending_count",
     "prepare",
+    "release",
+    "release_dead",
 ]
 
 MAX_NDIM: Final = 64
@@ -94,10 +105,9 @@ _capi.immortalize(_STATE)
 
 
 def deleter_impl(addr: int | None, _live: Any = LIVE, _state: Any = _STATE) -> None:
-    """The body of this package's DLPack deleter: forget the export at ``addr``.
+    """Forget the export at ``addr`` (the sweep's release of a capsule dropped unconsumed).
 
-    Pure bytecode on purpose (no calls): it must work with a pending exception, on any thread,
-    and after module globals are gone, which is why everything it needs is a default argument.
+    Pure bytecode on purpose (no calls), with everything it needs as a default argument.
     """
     if _state[0]:
         return
@@ -105,11 +115,90 @@ def deleter_impl(addr: int | None, _live: Any = LIVE, _state: Any = _STATE) -> N
         del _live[addr]
 
 
-_DELETER: Final = _capi.VOIDFN(deleter_impl)
+# The deleter every export carries calls ``LIVE.pop`` itself: a builtin, so the hand-over
+# from the consumer runs no Python bytecode, where a signal handler could raise before the
+# release (a handler runs only between bytecodes). After the exit flush the registry's entries
+# are also kept in _KEPT, so a deleter called during teardown releases nothing.
+_DELETER: Final = _capi.VOIDFN(LIVE.pop)
 _capi.immortalize(_DELETER)
-_capi.immortalize(deleter_impl)
+_KEPT: list[object] = []
+_capi.immortalize(_KEPT)
 #: The C address of this package's deleter (what every export's ``deleter`` field holds).
 DELETER_ADDRESS: Final[int] = cast(int, ctypes.cast(_DELETER, ctypes.c_void_p).value)
+#: What the deleter at :data:`DELETER_ADDRESS` calls (``LIVE.pop``); consumers in this package
+#: call it directly instead of going through the C thunk.
+DELETER_TARGET: Final = LIVE.pop
+
+# --------------------------------------------------------------------------------------------
+# Consumed tensors (the consumer's registry)
+#
+# A consumed DLPackTensor owns its producer's tensor through one OWNED entry: a weak reference
+# to the tensor -> (the deleter, the managed tensor's address). Releasing pops that entry and
+# calls the deleter in one chain of C builtins (see release()): dict.pop is the exactly-once
+# gate, and no bytecode runs between the pop and the call, so no asynchronous exception can
+# land between them. The weak reference's callback is DEAD.append, also a builtin: when a
+# tensor dies without its finaliser completing (an exception raised at the finaliser's first
+# bytecode is lost by CPython), the reference still reaches DEAD, and the next sweep
+# (release_dead(): the next import, garbage collection, flush() or the exit flush) releases it.
+# OWNED is immortal, so the references are always reachable and the collector calls their
+# callbacks for tensors in garbage cycles too.
+
+class Ref(weakref.ref):  # type: ignore[type-arg]
+    """The weak reference that keys a consumed tensor's :data:`OWNED` entry (``ptr``: the
+    address of its managed tensor, for the sweep of :data:`DEAD`)."""
+
+    __slots__ = ("ptr",)
+
+    ptr: int
+
+
+#: Ref to a consumed DLPackTensor -> its producer's deleter (called with ``Ref.ptr``).
+OWNED: dict[Ref, Callable[[int], object]] = {}
+#: Refs whose tensor died (appended by their callback, in C).
+DEAD: list[Ref] = []
+_capi.immortalize(OWNED)
+_capi.immortalize(DEAD)
+#: ``operator.call`` (Python >= 3.11): ``reduce(CALL, (ref, ptr), OWNED.pop)`` pops the entry
+#: and calls its deleter with no bytecode in between.
+CALL: Any = getattr(operator, "call", None) or (lambda fn, arg: fn(arg))
+REDUCE: Final = functools.reduce
+_owned_pop = OWNED.pop
+
+
+def release(ref: Ref, ptr: int) -> None:
+    """Run the deleter of the tensor ``ref`` refers to, unless it already ran (exactly once).
+
+    One chain of C builtins: ``OWNED.pop(ref)``, then ``deleter(ptr)``.
+    """
+    try:  # noqa: SIM105 (not contextlib.suppress: entering it runs bytecode)
+        REDUCE(CALL, (ref, ptr), _owned_pop)
+    except KeyError:  # released already
+        pass
+
+
+def release_dead() -> None:
+    """Release the tensors whose Ref reached :data:`DEAD`.
+
+    Safe to interrupt and resume: a Ref leaves DEAD only after its entry was released (popping
+    the entry and calling its deleter is one chain of C builtins, see :func:`release`), so an
+    interruption at any point leaves it to the next sweep, which finds it released or not.
+    """
+    while DEAD:
+        try:
+            ref = DEAD[-1]
+        except IndexError:  # emptied by another thread
+            return
+        try:  # noqa: SIM105
+            # No ptr: interrupted before arm() set it, so never in OWNED either.
+            REDUCE(CALL, (ref, getattr(ref, "ptr", 0)), _owned_pop)
+        except KeyError:  # released already, or never owned
+            pass
+        # contextlib.suppress would be a Python call, where a signal handler can run.
+        try:  # noqa: SIM105
+            DEAD.remove(ref)
+        except ValueError:  # removed by another thread
+            pass
+
 
 # --------------------------------------------------------------------------------------------
 # Pending capsules (deferred release)
@@ -206,6 +295,8 @@ def flush() -> int:
         The number of exports still alive afterwards (consumed but not yet released by their
         consumer, or capsules still referenced).
     """
+    if DEAD:
+        release_dead()
     _locked_sweep(len(PENDING))
     return len(LIVE)
 
@@ -280,6 +371,8 @@ _GC_CREDIT: list[int] = [0]
 
 
 def _on_gc(phase: str, info: dict[str, int]) -> None:
+    if phase == "stop" and DEAD and not _STATE[0]:
+        release_dead()
     if phase == "stop" and PENDING:
         credit = _GC_CREDIT[0] + 1
         # A full collection costs far more than a few checks: it always sweeps a step.
@@ -293,6 +386,8 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
 def _at_exit() -> None:
     flush()
     _STATE[0] = True
+    # From now on deleters leak: what they would drop stays referenced here.
+    _KEPT.extend(LIVE.values())
 
 
 def _before_fork() -> None:

@@ -15,7 +15,19 @@ from typing import Any, Final
 import numpy as np
 
 from dlpack_ctypes import _capi
-from dlpack_ctypes._blocks import C_STRIDES, DELETER_ADDRESS, MAX_NDIM, c_strides, deleter_impl
+from dlpack_ctypes._blocks import (
+    C_STRIDES,
+    CALL,
+    DEAD,
+    DELETER_ADDRESS,
+    DELETER_TARGET,
+    MAX_NDIM,
+    OWNED,
+    REDUCE,
+    Ref,
+    c_strides,
+    release,
+)
 from dlpack_ctypes._views import EMPTY_DATA, HOST_DEVICES, VIEW_INFO, ViewOwner, interface
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -32,9 +44,11 @@ __all__ = [
     "POSITIVE_SHAPES",
     "VALID_DTYPES",
     "VERSIONS",
+    "arm",
     "blank",
     "deleter_for",
     "fill",
+    "owns",
     "unpack_versioned_head",
 ]
 
@@ -57,6 +71,11 @@ _C_STRIDES: Final = C_STRIDES
 _NATIVE: dict[DataType, np.dtype[Any]] = {}
 _c_strides = c_strides
 _new_tensor = object.__new__
+_release = release
+_OWNED = OWNED
+_owned_pop = OWNED.pop
+_reduce = REDUCE
+_call = CALL
 _MAX_ADDRESS: Final = 2**64 - 1
 # Element strides below this bound give byte strides that fit numpy's intp for any itemsize
 # DLPack can describe (bits * lanes / 8 < 2**21); larger ones get the exact check.
@@ -66,13 +85,13 @@ _INTP_MAX: Final = 2**63 - 1
 # Foreign deleters wrapped once per address. They are called with the GIL held, as numpy's and
 # Triton's consumers call them (a deleter that touches Python must take the GIL itself anyway,
 # and re-taking a held GIL is fine); this saves a GIL release/acquire per tensor.
-_FOREIGN_DELETERS: dict[int, Callable[[int], None]] = {DELETER_ADDRESS: deleter_impl}
+_FOREIGN_DELETERS: dict[int, Callable[[int], object]] = {DELETER_ADDRESS: DELETER_TARGET}
 _capi.immortalize(_FOREIGN_DELETERS)
 #: The memo behind :func:`deleter_for` (read-only for callers that inline its lookup).
 DELETERS: Final = _FOREIGN_DELETERS
 
 
-def deleter_for(address: int) -> Callable[[int], None]:
+def deleter_for(address: int) -> Callable[[int], object]:
     """A callable for the C deleter at ``address`` (this package's own is called directly)."""
     fn = _FOREIGN_DELETERS.get(address)
     if fn is None:
@@ -119,11 +138,13 @@ class DLPackTensor:
 
     # The tensor is the ``base`` of its numpy views, so it lives as long as they do; its
     # finaliser calls the producer's deleter. _fn is None until the tensor owns the managed
-    # tensor, then a list holding the deleter until it has run: list.pop() is atomic, so two
-    # threads (close() and close(), or close() and the finaliser) can never both call it.
+    # tensor, False if that has no deleter, else the weak reference that keys its OWNED entry
+    # (see arm()). Every release pops that entry and calls the deleter in one chain of C
+    # builtins, so two threads (close() and close(), or close() and the finaliser) can never
+    # both call it, and no asynchronous exception can separate the pop from the call.
     __array_interface__: dict[str, Any] | None
     _addr: int
-    _fn: list[Callable[[int], None]] | None
+    _fn: Any
     _closed: bool
     # True once numpy() made a view without __array_interface__ (the fast path): close() must
     # then leave the release to the finaliser, as when the interface is set.
@@ -142,16 +163,19 @@ class DLPackTensor:
         raise TypeError("DLPackTensor is made by dlpack_ctypes.from_dlpack() or consume()")
 
     def __del__(self) -> None:
+        # An exception raised before the release (at this method's first bytecode, say) is
+        # lost by CPython, but not the release: the weak reference's callback then hands the
+        # tensor to the next sweep (see arm()).
         try:
-            fns = self._fn
+            ref = self._fn
         except AttributeError:  # made by blank() but interrupted before it set _fn
             return
-        if fns:
-            try:
-                fn = fns.pop()
-            except IndexError:
-                return
-            fn(self._addr)
+        if ref:
+            try:  # noqa: SIM105 (not contextlib.suppress: entering it runs bytecode)
+                _reduce(_call, (ref, self._addr), _owned_pop)  # see _blocks.release()
+            except KeyError:  # released already (close())
+                pass
+            self._fn = None  # the reference dies with its entry gone: no callback, no sweep
 
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ""
@@ -191,7 +215,8 @@ class DLPackTensor:
     @property
     def released(self) -> bool:
         """The producer's deleter has run (or there was none)."""
-        return not self._fn
+        ref = self._fn
+        return not ref or ref not in _OWNED
 
     def is_c_contiguous(self) -> bool:
         """Elements are dense in C order (size-1 dimensions and empty tensors always pass)."""
@@ -297,19 +322,39 @@ class DLPackTensor:
         """
         self._closed = True
         if self.__array_interface__ is None and not self._viewed:
-            fns = self._fn
-            if fns:
-                try:
-                    fn = fns.pop()
-                except IndexError:
-                    return
-                fn(self._addr)
+            ref = self._fn
+            if ref:
+                _release(ref, self._addr)
 
     def __enter__(self) -> DLPackTensor:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def arm(
+    tensor: DLPackTensor,
+    fn: Callable[[int], object],
+    ptr: int,
+    _new_ref: Any = Ref,
+    _dead: Any = DEAD.append,
+    _owned: Any = OWNED,
+) -> None:
+    """Make ``tensor`` own the managed tensor at ``ptr``: ``fn(ptr)`` runs exactly once, when
+    the tensor is released or dies. Ownership starts with the registry entry (the last step):
+    :func:`owns` tells a caller interrupted around here whether it was reached.
+    """
+    ref = _new_ref(tensor, _dead)
+    ref.ptr = ptr
+    tensor._fn = ref
+    _owned[ref] = fn
+
+
+def owns(tensor: DLPackTensor | None) -> bool:
+    """``tensor`` owns its managed tensor (:func:`arm` completed, or it has no deleter)."""
+    ref = getattr(tensor, "_fn", None)
+    return ref is False or (ref is not None and ref in _OWNED)
 
 
 def blank() -> DLPackTensor:

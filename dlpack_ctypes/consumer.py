@@ -20,8 +20,9 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from dlpack_ctypes import _capi, _claim
+from dlpack_ctypes._blocks import DEAD, OWNED, Ref, release_dead
 from dlpack_ctypes._claim import KIND_VERSIONED
-from dlpack_ctypes._tensor import DELETERS, DLPackTensor, blank, deleter_for, fill
+from dlpack_ctypes._tensor import DELETERS, DLPackTensor, arm, blank, deleter_for, fill, owns
 from dlpack_ctypes.exchange import STREAMLESS_DEVICES, exchange_api
 
 __all__ = ["DLPackTensor", "consume", "from_dlpack"]
@@ -47,6 +48,12 @@ _deleter_for = deleter_for
 _DELETERS = DELETERS
 _exchange_api = exchange_api
 _STREAMLESS: Final = STREAMLESS_DEVICES
+_new_ref = Ref
+_dead_append = DEAD.append
+_DEAD = DEAD
+_OWNED = OWNED
+_owns = owns
+_release_dead = release_dead
 
 
 def consume(
@@ -118,13 +125,19 @@ def consume(
             raise _claim.name_error(ctypes.string_at(_unpack_ptr(mem, slot[0])[0]))
         deleter = _fill(tensor, pointer, kind == KIND_VERSIONED, check, legacy_writable)
         if deleter:
-            tensor._fn = [_DELETERS.get(deleter) or _deleter_for(deleter)]  # owned from here on
+            # arm() inlined (the consumer's hot path): owned from the registry entry on.
+            ref = _new_ref(tensor, _dead_append)
+            ref.ptr = pointer
+            tensor._fn = ref
+            _OWNED[ref] = _DELETERS.get(deleter) or _deleter_for(deleter)
         else:
-            tensor._fn = []
+            tensor._fn = False
     except BaseException:
-        if fresh and tensor._fn is None:
+        if fresh and not _owns(tensor):
             _undo(field, slot, fresh)
         raise
+    if _DEAD:
+        _release_dead()  # tensors whose finaliser was interrupted
     return tensor
 
 
@@ -159,9 +172,12 @@ def _consume_locked(
             slot = _thread_slot()
             _capi.PyCapsule_SetName(capsule, slot[2] if kind else slot[1])
         deleter = _fill(tensor, pointer, kind == KIND_VERSIONED, check, legacy_writable)
-        tensor._fn = [_deleter_for(deleter)] if deleter else []
+        if deleter:
+            arm(tensor, _deleter_for(deleter), pointer)
+        else:
+            tensor._fn = False
     except BaseException:
-        if fresh and tensor._fn is None:
+        if fresh and not owns(tensor):
             with _claim.LOCK:
                 name = _capi.PyCapsule_GetName(capsule)
                 if name is not None and name.startswith(b"used_"):
