@@ -49,10 +49,10 @@ _DELETERS = DELETERS
 _exchange_api = exchange_api
 _STREAMLESS: Final = STREAMLESS_DEVICES
 _new_ref = Ref
+_PTR_SIZE: Final = ctypes.sizeof(ctypes.c_void_p)
 _dead_append = DEAD.append
 _DEAD = DEAD
 _OWNED = OWNED
-_owns = owns
 _release_dead = release_dead
 
 
@@ -133,23 +133,25 @@ def consume(
         else:
             tensor._fn = False
     except BaseException:
-        if fresh and not _owns(tensor):
-            _undo(field, slot, fresh)
+        # Undo this call's claim unless the tensor owns the capsule. A signal handler runs only
+        # at a function's entry, after a call returns or at a backward jump: up to the one
+        # call below (the compare-and-swap itself), this block makes no call, so a second
+        # asynchronous exception cannot cut it short before the undo.
+        if fresh:
+            ref = tensor._fn
+            if ref is None or (ref is not False and ref not in _OWNED):
+                # Only this thread renames to its own used_ strings, so finding one of them in
+                # the field proves that this call's claim succeeded.
+                current = mem[field:field + _PTR_SIZE]
+                if current == slot[8] or current == slot[9]:
+                    mem[slot[0]:slot[0] + _PTR_SIZE] = current
+                    slot[7].value = fresh
+                    slot[3].value = field
+                    cas(slot[3], slot[4], slot[7], _SEQ_CST, _SEQ_CST)
         raise
     if _DEAD:
         _release_dead()  # tensors whose finaliser was interrupted
     return tensor
-
-
-def _undo(field: int, slot: tuple[Any, ...], fresh: int) -> None:
-    # Only this thread renames to its own used_ strings, so finding one of them in the field
-    # proves that this call's claim succeeded (even if its result was lost to an exception).
-    mem = _MEM
-    current = _unpack_ptr(mem, field)[0]
-    cas = _cas
-    if cas is not None and (current == slot[1] or current == slot[2]):
-        _pack_ptr(mem, slot[0], current)
-        cas(ctypes.c_void_p(field), slot[4], ctypes.c_uint64(fresh), _SEQ_CST, _SEQ_CST)
 
 
 def _consume_locked(
