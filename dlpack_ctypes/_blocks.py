@@ -28,9 +28,7 @@ import _thread
 import atexit
 import collections
 import ctypes
-import functools
 import gc
-import operator
 import os
 import struct
 import sys
@@ -46,7 +44,6 @@ from dlpack_ctypes import _capi
 from dlpack_ctypes.abi import DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, DLDeviceType
 
 __all__ = [
-    "CALL",
     "DEAD",
     "DELETER_ADDRESS",
     "DELETER_TARGET",
@@ -59,7 +56,6 @@ __all__ = [
     "OWNED",
     "Ref",
     "PENDING",
-    "REDUCE",
     "SWEEP_LIMIT",
     "c_strides",
     "check_shape",
@@ -158,44 +154,47 @@ OWNED: dict[Ref, Callable[[int], object]] = {}
 DEAD: list[Ref] = []
 _capi.immortalize(OWNED)
 _capi.immortalize(DEAD)
-#: ``operator.call`` (Python >= 3.11): ``reduce(CALL, (ref, ptr), OWNED.pop)`` pops the entry
-#: and calls its deleter with no bytecode in between.
-CALL: Any = getattr(operator, "call", None) or (lambda fn, arg: fn(arg))
-REDUCE: Final = functools.reduce
-_owned_pop = OWNED.pop
 
 
-def release(ref: Ref, ptr: int) -> None:
+def release(ref: Ref, ptr: int, _owned: Any = OWNED) -> None:
     """Run the deleter of the tensor ``ref`` refers to, unless it already ran (exactly once).
 
-    One chain of C builtins: ``OWNED.pop(ref)``, then ``deleter(ptr)``.
+    Taking the entry out of :data:`OWNED` and calling its deleter are subscripts and one call:
+    CPython runs signal handlers (and switches threads) only at a function's entry, after a
+    call returns and at backward jumps, so nothing can run between the removal and the call.
     """
-    try:  # noqa: SIM105 (not contextlib.suppress: entering it runs bytecode)
-        REDUCE(CALL, (ref, ptr), _owned_pop)
+    try:
+        fn = _owned[ref]
+        del _owned[ref]  # the gate: of two threads here, one raises KeyError
     except KeyError:  # released already
-        pass
+        return
+    fn(ptr)
 
 
-def release_dead() -> None:
+def release_dead(_owned: Any = OWNED, _dead: Any = DEAD) -> None:
     """Release the tensors whose Ref reached :data:`DEAD`.
 
-    Safe to interrupt and resume: a Ref leaves DEAD only after its entry was released (popping
-    the entry and calling its deleter is one chain of C builtins, see :func:`release`), so an
+    Safe to interrupt and resume: a Ref leaves DEAD only after its entry was released (taken
+    out of OWNED and its deleter called with nothing in between, as in :func:`release`), so an
     interruption at any point leaves it to the next sweep, which finds it released or not.
     """
-    while DEAD:
+    while _dead:
         try:
-            ref = DEAD[-1]
+            ref = _dead[-1]
         except IndexError:  # emptied by another thread
             return
-        try:  # noqa: SIM105
-            # No ptr: interrupted before arm() set it, so never in OWNED either.
-            REDUCE(CALL, (ref, getattr(ref, "ptr", 0)), _owned_pop)
-        except KeyError:  # released already, or never owned
+        try:
+            fn = _owned[ref]
+            del _owned[ref]
+        except (KeyError, TypeError):
+            # Released already, or never owned: arm() was interrupted before the entry (such
+            # a reference may lack ptr, and its hash, never computed, cannot be any more).
             pass
+        else:
+            fn(ref.ptr)
         # contextlib.suppress would be a Python call, where a signal handler can run.
         try:  # noqa: SIM105
-            DEAD.remove(ref)
+            _dead.remove(ref)
         except ValueError:  # removed by another thread
             pass
 

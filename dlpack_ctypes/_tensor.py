@@ -17,13 +17,11 @@ import numpy as np
 from dlpack_ctypes import _capi
 from dlpack_ctypes._blocks import (
     C_STRIDES,
-    CALL,
     DEAD,
     DELETER_ADDRESS,
     DELETER_TARGET,
     MAX_NDIM,
     OWNED,
-    REDUCE,
     Ref,
     c_strides,
     release,
@@ -73,9 +71,6 @@ _c_strides = c_strides
 _new_tensor = object.__new__
 _release = release
 _OWNED = OWNED
-_owned_pop = OWNED.pop
-_reduce = REDUCE
-_call = CALL
 _MAX_ADDRESS: Final = 2**64 - 1
 # Element strides below this bound give byte strides that fit numpy's intp for any itemsize
 # DLPack can describe (bits * lanes / 8 < 2**21); larger ones get the exact check.
@@ -171,10 +166,15 @@ class DLPackTensor:
         except AttributeError:  # made by blank() but interrupted before it set _fn
             return
         if ref:
-            try:  # noqa: SIM105 (not contextlib.suppress: entering it runs bytecode)
-                _reduce(_call, (ref, self._addr), _owned_pop)  # see _blocks.release()
+            # _blocks.release() inlined: subscripts and one call, no signal handler between.
+            owned = _OWNED
+            try:
+                fn = owned[ref]
+                del owned[ref]  # the gate: of two threads here, one raises KeyError
             except KeyError:  # released already (close())
                 pass
+            else:
+                fn(self._addr)
             self._fn = None  # the reference dies with its entry gone: no callback, no sweep
 
     def __repr__(self) -> str:
