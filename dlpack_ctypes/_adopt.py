@@ -15,6 +15,7 @@ from typing import Final
 
 from dlpack_ctypes import _capi
 from dlpack_ctypes._blocks import C_STRIDES, MAX_NDIM, c_strides
+from dlpack_ctypes._owned import arm, owns
 from dlpack_ctypes._tensor import (
     DELETERS,
     DEVICE_ENUM,
@@ -23,10 +24,8 @@ from dlpack_ctypes._tensor import (
     VALID_DTYPES,
     VERSIONS,
     DLPackTensor,
-    arm,
     deleter_for,
     fill,
-    owns,
     unpack_versioned_head,
 )
 from dlpack_ctypes.abi import DLPACK_FLAG_BITMASK_READ_ONLY

@@ -5,8 +5,14 @@ Lifetime model:
 * Each export allocates one ctypes block holding the managed struct followed by ``shape`` and
   ``strides``. ``LIVE[address] = (block, owner)`` keeps the block and the data's owner alive
   until the deleter runs. The deleter is one immortal ``CFUNCTYPE(None, c_void_p)`` thunk whose
-  body is pure bytecode, so it still works when a consumer calls it from a foreign thread, while
-  an exception is pending, or during interpreter teardown (where it leaks on purpose).
+  Python target is ``LIVE.pop``, a builtin: it needs no module globals, works when a consumer
+  calls it from a foreign thread or while an exception is pending, and runs no bytecode, so no
+  signal handler can raise before the release. After the exit flush what it would drop is also
+  kept elsewhere (it leaks on purpose during interpreter teardown).
+* Consumed tensors (the consumer side, :class:`~dlpack_ctypes.consumer.DLPackTensor`) own their
+  producer's tensor through an :data:`OWNED` entry; a tensor whose finaliser was interrupted
+  reaches ``DEAD`` through its weak reference's callback and is released by the next sweep
+  (:mod:`dlpack_ctypes._owned`; the sweeps here drive it).
 * Capsules are created **without a destructor**. A ctypes destructor cannot run while an
   exception is pending without either losing the deleter call or turning the consumer's error
   into ``SystemError`` (numpy#32697). Instead every exported capsule is remembered in a pending
@@ -32,7 +38,6 @@ import gc
 import os
 import struct
 import sys
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -41,10 +46,10 @@ if TYPE_CHECKING:
     from typing_extensions import CapsuleType
 
 from dlpack_ctypes import _capi
+from dlpack_ctypes._owned import DEAD, release_dead
 from dlpack_ctypes.abi import DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, DLDeviceType
 
 __all__ = [
-    "DEAD",
     "DELETER_ADDRESS",
     "DELETER_TARGET",
     "DEVICE_TYPES",
@@ -53,8 +58,6 @@ __all__ = [
     "GC_SWEEP_STEP",
     "LIVE",
     "MAX_NDIM",
-    "OWNED",
-    "Ref",
     "PENDING",
     "SWEEP_LIMIT",
     "c_strides",
@@ -67,8 +70,6 @@ __all__ = [
     "live_exports",
     "pending_count",
     "prepare",
-    "release",
-    "release_dead",
 ]
 
 MAX_NDIM: Final = 64
@@ -124,80 +125,6 @@ DELETER_ADDRESS: Final[int] = cast(int, ctypes.cast(_DELETER, ctypes.c_void_p).v
 #: What the deleter at :data:`DELETER_ADDRESS` calls (``LIVE.pop``); consumers in this package
 #: call it directly instead of going through the C thunk.
 DELETER_TARGET: Final = LIVE.pop
-
-# --------------------------------------------------------------------------------------------
-# Consumed tensors (the consumer's registry)
-#
-# A consumed DLPackTensor owns its producer's tensor through one OWNED entry: a weak reference
-# to the tensor -> (the deleter, the managed tensor's address). Releasing pops that entry and
-# calls the deleter in one chain of C builtins (see release()): dict.pop is the exactly-once
-# gate, and no bytecode runs between the pop and the call, so no asynchronous exception can
-# land between them. The weak reference's callback is DEAD.append, also a builtin: when a
-# tensor dies without its finaliser completing (an exception raised at the finaliser's first
-# bytecode is lost by CPython), the reference still reaches DEAD, and the next sweep
-# (release_dead(): the next import, garbage collection, flush() or the exit flush) releases it.
-# OWNED is immortal, so the references are always reachable and the collector calls their
-# callbacks for tensors in garbage cycles too.
-
-class Ref(weakref.ref):  # type: ignore[type-arg]
-    """The weak reference that keys a consumed tensor's :data:`OWNED` entry (``ptr``: the
-    address of its managed tensor, for the sweep of :data:`DEAD`)."""
-
-    __slots__ = ("ptr",)
-
-    ptr: int
-
-
-#: Ref to a consumed DLPackTensor -> its producer's deleter (called with ``Ref.ptr``).
-OWNED: dict[Ref, Callable[[int], object]] = {}
-#: Refs whose tensor died (appended by their callback, in C).
-DEAD: list[Ref] = []
-_capi.immortalize(OWNED)
-_capi.immortalize(DEAD)
-
-
-def release(ref: Ref, ptr: int, _owned: Any = OWNED) -> None:
-    """Run the deleter of the tensor ``ref`` refers to, unless it already ran (exactly once).
-
-    Taking the entry out of :data:`OWNED` and calling its deleter are subscripts and one call:
-    CPython runs signal handlers (and switches threads) only at a function's entry, after a
-    call returns and at backward jumps, so nothing can run between the removal and the call.
-    """
-    try:
-        fn = _owned[ref]
-        del _owned[ref]  # the gate: of two threads here, one raises KeyError
-    except KeyError:  # released already
-        return
-    fn(ptr)
-
-
-def release_dead(_owned: Any = OWNED, _dead: Any = DEAD) -> None:
-    """Release the tensors whose Ref reached :data:`DEAD`.
-
-    Safe to interrupt and resume: a Ref leaves DEAD only after its entry was released (taken
-    out of OWNED and its deleter called with nothing in between, as in :func:`release`), so an
-    interruption at any point leaves it to the next sweep, which finds it released or not.
-    """
-    while _dead:
-        try:
-            ref = _dead[-1]
-        except IndexError:  # emptied by another thread
-            return
-        try:
-            fn = _owned[ref]
-            del _owned[ref]
-        except (KeyError, TypeError):
-            # Released already, or never owned: arm() was interrupted before the entry (such
-            # a reference may lack ptr, and its hash, never computed, cannot be any more).
-            pass
-        else:
-            fn(ref.ptr)
-        # contextlib.suppress would be a Python call, where a signal handler can run.
-        try:  # noqa: SIM105
-            _dead.remove(ref)
-        except ValueError:  # removed by another thread
-            pass
-
 
 # --------------------------------------------------------------------------------------------
 # Pending capsules (deferred release)

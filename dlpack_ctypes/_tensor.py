@@ -15,17 +15,8 @@ from typing import Any, Final
 import numpy as np
 
 from dlpack_ctypes import _capi
-from dlpack_ctypes._blocks import (
-    C_STRIDES,
-    DEAD,
-    DELETER_ADDRESS,
-    DELETER_TARGET,
-    MAX_NDIM,
-    OWNED,
-    Ref,
-    c_strides,
-    release,
-)
+from dlpack_ctypes._blocks import C_STRIDES, DELETER_ADDRESS, DELETER_TARGET, MAX_NDIM, c_strides
+from dlpack_ctypes._owned import OWNED, release
 from dlpack_ctypes._views import EMPTY_DATA, HOST_DEVICES, VIEW_INFO, ViewOwner, interface
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -42,11 +33,9 @@ __all__ = [
     "POSITIVE_SHAPES",
     "VALID_DTYPES",
     "VERSIONS",
-    "arm",
     "blank",
     "deleter_for",
     "fill",
-    "owns",
     "unpack_versioned_head",
 ]
 
@@ -331,30 +320,6 @@ class DLPackTensor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def arm(
-    tensor: DLPackTensor,
-    fn: Callable[[int], object],
-    ptr: int,
-    _new_ref: Any = Ref,
-    _dead: Any = DEAD.append,
-    _owned: Any = OWNED,
-) -> None:
-    """Make ``tensor`` own the managed tensor at ``ptr``: ``fn(ptr)`` runs exactly once, when
-    the tensor is released or dies. Ownership starts with the registry entry (the last step):
-    :func:`owns` tells a caller interrupted around here whether it was reached.
-    """
-    ref = _new_ref(tensor, _dead)
-    ref.ptr = ptr
-    tensor._fn = ref
-    _owned[ref] = fn
-
-
-def owns(tensor: DLPackTensor | None) -> bool:
-    """``tensor`` owns its managed tensor (:func:`arm` completed, or it has no deleter)."""
-    ref = getattr(tensor, "_fn", None)
-    return ref is False or (ref is not None and ref in _OWNED)
 
 
 def blank() -> DLPackTensor:

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from dlpack_ctypes import _capi, _claim
-from dlpack_ctypes._blocks import DEAD, OWNED, Ref, release_dead
 from dlpack_ctypes._claim import KIND_VERSIONED
-from dlpack_ctypes._tensor import DELETERS, DLPackTensor, arm, blank, deleter_for, fill, owns
+from dlpack_ctypes._owned import DEAD, OWNED, Ref, arm, owns, release_dead
+from dlpack_ctypes._tensor import DELETERS, DLPackTensor, blank, deleter_for, fill
 from dlpack_ctypes.exchange import STREAMLESS_DEVICES, exchange_api
 
 __all__ = ["DLPackTensor", "consume", "from_dlpack"]
