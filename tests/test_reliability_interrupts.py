@@ -10,6 +10,10 @@ every foreign producer's deleter must have run exactly once (a hand-built capsul
 counts its calls; the capsules a consumer never claimed are released by their destructor when the
 test drops them).
 
+Two deterministic tests show the backstop behind that: an exception raised at the first
+instruction of a consumed tensor's finaliser (plain, and inside a garbage collection of a cycle)
+loses nothing, because the tensor's weak reference still reaches the sweep.
+
 Before the fix (docs/guarantees.md, "Signals and other asynchronous exceptions") each loop
 leaked: an interrupt at the first bytecode of a finaliser lost that release, and a second
 interrupt inside the undo of an interrupted claim left a renamed capsule nobody owned. Each scenario
@@ -18,11 +22,15 @@ runs in a subprocess (the timer and the handler are process-wide).
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
+
+import dlpack_ctypes as dl
 
 HARNESS = r"""
 import gc, json, random, signal, sys
@@ -131,3 +139,60 @@ def test_repeated_interrupts_leak_nothing(
     if case == "foreign":
         assert report["capsules"] >= 6000, report
         assert report["not_once"] == [], report
+
+
+class _AtEntry(KeyboardInterrupt):
+    pass
+
+
+def _raise_at_finaliser_entry(frame: Any, event: str, arg: Any) -> Any:
+    # A trace function raising on the "call" event raises at the function's first instruction,
+    # where CPython also runs a signal handler: the finaliser's body never runs.
+    if event == "call" and frame.f_code.co_name == "__del__" and (
+        frame.f_code.co_filename.endswith("_tensor.py")
+    ):
+        raise _AtEntry
+    return None
+
+
+def _deleter_runs_once_after_interrupted_finaliser(
+    make_capsule: Any, in_cycle: bool
+) -> None:
+    capsule, info = make_capsule(np.arange(6, dtype=np.float32))
+    tensor = dl.consume(capsule)
+    del capsule
+    holder: list[Any] = [tensor]
+    if in_cycle:
+        holder.append(holder)  # the tensor dies in a garbage collection of the cycle
+    del tensor
+    ignored: list[str] = []
+    previous, previous_hook = sys.gettrace(), sys.unraisablehook
+    # Record only the type: the exception's traceback would keep the dying tensor alive.
+    sys.unraisablehook = lambda unraisable: ignored.append(unraisable.exc_type.__name__)
+    sys.settrace(_raise_at_finaliser_entry)
+    try:
+        del holder
+        if in_cycle:
+            gc.collect()
+    finally:
+        sys.settrace(previous)
+        sys.unraisablehook = previous_hook
+    assert ignored == ["_AtEntry"]  # CPython reported the finaliser's exception and went on
+    # The finaliser did nothing, but the tensor's weak reference reached the sweep: the
+    # collection's own (its gc callback) for a cycle, else the next one.
+    assert info.calls == (1 if in_cycle else 0)
+    dl.flush()
+    assert info.calls == 1
+    dl.flush()
+    gc.collect()
+    assert info.calls == 1
+
+
+def test_finaliser_interrupted_at_entry_still_releases(make_capsule: Any) -> None:
+    _deleter_runs_once_after_interrupted_finaliser(make_capsule, in_cycle=False)
+
+
+def test_finaliser_interrupted_at_entry_in_garbage_cycle_still_releases(
+    make_capsule: Any,
+) -> None:
+    _deleter_runs_once_after_interrupted_finaliser(make_capsule, in_cycle=True)
