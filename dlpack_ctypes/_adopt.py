@@ -15,6 +15,7 @@ from typing import Final
 
 from dlpack_ctypes import _capi
 from dlpack_ctypes._blocks import C_STRIDES, MAX_NDIM, c_strides
+from dlpack_ctypes._owned import arm, owns
 from dlpack_ctypes._tensor import (
     DELETERS,
     DEVICE_ENUM,
@@ -122,12 +123,14 @@ def adopt(
             or tensor.device[0] not in accepts[1]
         ):
             check(tensor)  # where fill() calls it: every field set, the dtype known valid
-        # owned from here on: the finaliser releases it
-        tensor._fn = [DELETERS.get(deleter) or deleter_for(deleter)] if deleter else []
+        # owned from the registry entry on: the finaliser releases it
+        if deleter:
+            arm(tensor, DELETERS.get(deleter) or deleter_for(deleter), ptr)
+        else:
+            tensor._fn = False
     except BaseException:
-        # Interrupted before _fn was first set, or before it was set to the deleter: the
-        # tensor does not own the struct, so it is released here.
-        if tensor is None or getattr(tensor, "_fn", None) is None:
+        # Interrupted before the tensor owned the struct: it is released here.
+        if not owns(tensor):
             release_versioned(ptr)
         raise
     return tensor

@@ -5,8 +5,14 @@ Lifetime model:
 * Each export allocates one ctypes block holding the managed struct followed by ``shape`` and
   ``strides``. ``LIVE[address] = (block, owner)`` keeps the block and the data's owner alive
   until the deleter runs. The deleter is one immortal ``CFUNCTYPE(None, c_void_p)`` thunk whose
-  body is pure bytecode, so it still works when a consumer calls it from a foreign thread, while
-  an exception is pending, or during interpreter teardown (where it leaks on purpose).
+  Python target is ``LIVE.pop``, a builtin: it needs no module globals, works when a consumer
+  calls it from a foreign thread or while an exception is pending, and runs no bytecode, so no
+  signal handler can raise before the release. After the exit flush what it would drop is also
+  kept elsewhere (it leaks on purpose during interpreter teardown).
+* Consumed tensors (the consumer side, :class:`~dlpack_ctypes.consumer.DLPackTensor`) own their
+  producer's tensor through an :data:`OWNED` entry; a tensor whose finaliser was interrupted
+  reaches ``DEAD`` through its weak reference's callback and is released by the next sweep
+  (:mod:`dlpack_ctypes._owned`; the sweeps here drive it).
 * Capsules are created **without a destructor**. A ctypes destructor cannot run while an
   exception is pending without either losing the deleter call or turning the consumer's error
   into ``SystemError`` (numpy#32697). Instead every exported capsule is remembered in a pending
@@ -40,10 +46,12 @@ if TYPE_CHECKING:
     from typing_extensions import CapsuleType
 
 from dlpack_ctypes import _capi
+from dlpack_ctypes._owned import DEAD, release_dead
 from dlpack_ctypes.abi import DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, DLDeviceType
 
 __all__ = [
     "DELETER_ADDRESS",
+    "DELETER_TARGET",
     "DEVICE_TYPES",
     "EXPORT_SWEEP_STEP",
     "GC_SWEEP_EVERY",
@@ -94,10 +102,9 @@ _capi.immortalize(_STATE)
 
 
 def deleter_impl(addr: int | None, _live: Any = LIVE, _state: Any = _STATE) -> None:
-    """The body of this package's DLPack deleter: forget the export at ``addr``.
+    """Forget the export at ``addr`` (the sweep's release of a capsule dropped unconsumed).
 
-    Pure bytecode on purpose (no calls): it must work with a pending exception, on any thread,
-    and after module globals are gone, which is why everything it needs is a default argument.
+    Pure bytecode on purpose (no calls), with everything it needs as a default argument.
     """
     if _state[0]:
         return
@@ -105,11 +112,19 @@ def deleter_impl(addr: int | None, _live: Any = LIVE, _state: Any = _STATE) -> N
         del _live[addr]
 
 
-_DELETER: Final = _capi.VOIDFN(deleter_impl)
+# The deleter every export carries calls ``LIVE.pop`` itself: a builtin, so the hand-over
+# from the consumer runs no Python bytecode, where a signal handler could raise before the
+# release (a handler runs only between bytecodes). After the exit flush the registry's entries
+# are also kept in _KEPT, so a deleter called during teardown releases nothing.
+_DELETER: Final = _capi.VOIDFN(LIVE.pop)
 _capi.immortalize(_DELETER)
-_capi.immortalize(deleter_impl)
+_KEPT: list[object] = []
+_capi.immortalize(_KEPT)
 #: The C address of this package's deleter (what every export's ``deleter`` field holds).
 DELETER_ADDRESS: Final[int] = cast(int, ctypes.cast(_DELETER, ctypes.c_void_p).value)
+#: What the deleter at :data:`DELETER_ADDRESS` calls (``LIVE.pop``); consumers in this package
+#: call it directly instead of going through the C thunk.
+DELETER_TARGET: Final = LIVE.pop
 
 # --------------------------------------------------------------------------------------------
 # Pending capsules (deferred release)
@@ -206,6 +221,8 @@ def flush() -> int:
         The number of exports still alive afterwards (consumed but not yet released by their
         consumer, or capsules still referenced).
     """
+    if DEAD:
+        release_dead()
     _locked_sweep(len(PENDING))
     return len(LIVE)
 
@@ -280,6 +297,8 @@ _GC_CREDIT: list[int] = [0]
 
 
 def _on_gc(phase: str, info: dict[str, int]) -> None:
+    if phase == "stop" and DEAD and not _STATE[0]:
+        release_dead()
     if phase == "stop" and PENDING:
         credit = _GC_CREDIT[0] + 1
         # A full collection costs far more than a few checks: it always sweeps a step.
@@ -293,6 +312,8 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
 def _at_exit() -> None:
     flush()
     _STATE[0] = True
+    # From now on deleters leak: what they would drop stays referenced here.
+    _KEPT.extend(LIVE.values())
 
 
 def _before_fork() -> None:

@@ -53,6 +53,7 @@ KIND_VERSIONED: Final = 1
 _MEM: Final = _capi.MEM
 _pack_ptr = struct.Struct("@P").pack_into
 _unpack_ptr = struct.Struct("@P").unpack_from
+_pack_ptr_bytes = struct.Struct("@P").pack
 
 #: Offset of the capsule's ``name`` field from ``id(capsule)``, or None (C API only).
 NAME_OFFSET: Final = _capi.CAPSULE_NAME_OFFSET
@@ -82,7 +83,8 @@ _USED_VERSIONED = b"used_dltensor_versioned\0"
 _SLOT_WORDS: Final = 6  # 8 + 14 + 24 = 46 bytes
 #: thread id -> (expected cell, used legacy name, used versioned name: addresses; then the
 #: ctypes arguments of :data:`CAS`: the field pointer (set per call), the expected cell, the two
-#: used names).
+#: used names; then the desired value of an undo (set per undo) and the two used names'
+#: addresses as native pointer bytes, to compare with the field without a call).
 _SLOTS: dict[int, tuple[Any, ...]] = {}
 _capi.immortalize(_SLOTS)
 #: The per-thread slots, for callers that inline :func:`thread_slot`'s lookup.
@@ -101,6 +103,7 @@ def _new_slot(ident: int) -> tuple[Any, ...]:
     slot = _SLOTS[ident] = (
         base, legacy, versioned, ctypes.c_void_p(0), ctypes.c_void_p(base),
         ctypes.c_uint64(legacy), ctypes.c_uint64(versioned),
+        ctypes.c_uint64(0), _pack_ptr_bytes(legacy), _pack_ptr_bytes(versioned),
     )
     return slot
 

@@ -15,7 +15,8 @@ from typing import Any, Final
 import numpy as np
 
 from dlpack_ctypes import _capi
-from dlpack_ctypes._blocks import C_STRIDES, DELETER_ADDRESS, MAX_NDIM, c_strides, deleter_impl
+from dlpack_ctypes._blocks import C_STRIDES, DELETER_ADDRESS, DELETER_TARGET, MAX_NDIM, c_strides
+from dlpack_ctypes._owned import OWNED, release
 from dlpack_ctypes._views import EMPTY_DATA, HOST_DEVICES, VIEW_INFO, ViewOwner, interface
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,
@@ -57,6 +58,8 @@ _C_STRIDES: Final = C_STRIDES
 _NATIVE: dict[DataType, np.dtype[Any]] = {}
 _c_strides = c_strides
 _new_tensor = object.__new__
+_release = release
+_OWNED = OWNED
 _MAX_ADDRESS: Final = 2**64 - 1
 # Element strides below this bound give byte strides that fit numpy's intp for any itemsize
 # DLPack can describe (bits * lanes / 8 < 2**21); larger ones get the exact check.
@@ -66,13 +69,13 @@ _INTP_MAX: Final = 2**63 - 1
 # Foreign deleters wrapped once per address. They are called with the GIL held, as numpy's and
 # Triton's consumers call them (a deleter that touches Python must take the GIL itself anyway,
 # and re-taking a held GIL is fine); this saves a GIL release/acquire per tensor.
-_FOREIGN_DELETERS: dict[int, Callable[[int], None]] = {DELETER_ADDRESS: deleter_impl}
+_FOREIGN_DELETERS: dict[int, Callable[[int], object]] = {DELETER_ADDRESS: DELETER_TARGET}
 _capi.immortalize(_FOREIGN_DELETERS)
 #: The memo behind :func:`deleter_for` (read-only for callers that inline its lookup).
 DELETERS: Final = _FOREIGN_DELETERS
 
 
-def deleter_for(address: int) -> Callable[[int], None]:
+def deleter_for(address: int) -> Callable[[int], object]:
     """A callable for the C deleter at ``address`` (this package's own is called directly)."""
     fn = _FOREIGN_DELETERS.get(address)
     if fn is None:
@@ -119,11 +122,13 @@ class DLPackTensor:
 
     # The tensor is the ``base`` of its numpy views, so it lives as long as they do; its
     # finaliser calls the producer's deleter. _fn is None until the tensor owns the managed
-    # tensor, then a list holding the deleter until it has run: list.pop() is atomic, so two
-    # threads (close() and close(), or close() and the finaliser) can never both call it.
+    # tensor, False if that has no deleter, else the weak reference that keys its OWNED entry
+    # (see arm()). Every release pops that entry and calls the deleter in one chain of C
+    # builtins, so two threads (close() and close(), or close() and the finaliser) can never
+    # both call it, and no asynchronous exception can separate the pop from the call.
     __array_interface__: dict[str, Any] | None
     _addr: int
-    _fn: list[Callable[[int], None]] | None
+    _fn: Any
     _closed: bool
     # True once numpy() made a view without __array_interface__ (the fast path): close() must
     # then leave the release to the finaliser, as when the interface is set.
@@ -142,16 +147,24 @@ class DLPackTensor:
         raise TypeError("DLPackTensor is made by dlpack_ctypes.from_dlpack() or consume()")
 
     def __del__(self) -> None:
+        # An exception raised before the release (at this method's first bytecode, say) is
+        # lost by CPython, but not the release: the weak reference's callback then hands the
+        # tensor to the next sweep (see arm()).
         try:
-            fns = self._fn
+            ref = self._fn
         except AttributeError:  # made by blank() but interrupted before it set _fn
             return
-        if fns:
+        if ref:
+            # _blocks.release() inlined: subscripts and one call, no signal handler between.
+            owned = _OWNED
             try:
-                fn = fns.pop()
-            except IndexError:
-                return
-            fn(self._addr)
+                fn = owned[ref]
+                del owned[ref]  # the gate: of two threads here, one raises KeyError
+            except KeyError:  # released already (close())
+                pass
+            else:
+                fn(self._addr)
+            self._fn = None  # the reference dies with its entry gone: no callback, no sweep
 
     def __repr__(self) -> str:
         state = ", closed" if self._closed else ""
@@ -191,7 +204,8 @@ class DLPackTensor:
     @property
     def released(self) -> bool:
         """The producer's deleter has run (or there was none)."""
-        return not self._fn
+        ref = self._fn
+        return not ref or ref not in _OWNED
 
     def is_c_contiguous(self) -> bool:
         """Elements are dense in C order (size-1 dimensions and empty tensors always pass)."""
@@ -297,13 +311,9 @@ class DLPackTensor:
         """
         self._closed = True
         if self.__array_interface__ is None and not self._viewed:
-            fns = self._fn
-            if fns:
-                try:
-                    fn = fns.pop()
-                except IndexError:
-                    return
-                fn(self._addr)
+            ref = self._fn
+            if ref:
+                _release(ref, self._addr)
 
     def __enter__(self) -> DLPackTensor:
         return self

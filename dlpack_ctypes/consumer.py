@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from dlpack_ctypes import _capi, _claim
 from dlpack_ctypes._claim import KIND_VERSIONED
+from dlpack_ctypes._owned import DEAD, OWNED, Ref, arm, owns, release_dead
 from dlpack_ctypes._tensor import DELETERS, DLPackTensor, blank, deleter_for, fill
 from dlpack_ctypes.exchange import STREAMLESS_DEVICES, exchange_api
 
@@ -47,6 +48,12 @@ _deleter_for = deleter_for
 _DELETERS = DELETERS
 _exchange_api = exchange_api
 _STREAMLESS: Final = STREAMLESS_DEVICES
+_new_ref = Ref
+_PTR_SIZE: Final = ctypes.sizeof(ctypes.c_void_p)
+_dead_append = DEAD.append
+_DEAD = DEAD
+_OWNED = OWNED
+_release_dead = release_dead
 
 
 def consume(
@@ -118,25 +125,33 @@ def consume(
             raise _claim.name_error(ctypes.string_at(_unpack_ptr(mem, slot[0])[0]))
         deleter = _fill(tensor, pointer, kind == KIND_VERSIONED, check, legacy_writable)
         if deleter:
-            tensor._fn = [_DELETERS.get(deleter) or _deleter_for(deleter)]  # owned from here on
+            # arm() inlined (the consumer's hot path): owned from the registry entry on.
+            ref = _new_ref(tensor, _dead_append)
+            ref.ptr = pointer
+            tensor._fn = ref
+            _OWNED[ref] = _DELETERS.get(deleter) or _deleter_for(deleter)
         else:
-            tensor._fn = []
+            tensor._fn = False
     except BaseException:
-        if fresh and tensor._fn is None:
-            _undo(field, slot, fresh)
+        # Undo this call's claim unless the tensor owns the capsule. A signal handler runs only
+        # at a function's entry, after a call returns or at a backward jump: up to the one
+        # call below (the compare-and-swap itself), this block makes no call, so a second
+        # asynchronous exception cannot cut it short before the undo.
+        if fresh:
+            ref = tensor._fn
+            if ref is None or (ref is not False and ref not in _OWNED):
+                # Only this thread renames to its own used_ strings, so finding one of them in
+                # the field proves that this call's claim succeeded.
+                current = mem[field:field + _PTR_SIZE]
+                if current == slot[8] or current == slot[9]:
+                    mem[slot[0]:slot[0] + _PTR_SIZE] = current
+                    slot[7].value = fresh
+                    slot[3].value = field
+                    cas(slot[3], slot[4], slot[7], _SEQ_CST, _SEQ_CST)
         raise
+    if _DEAD:
+        _release_dead()  # tensors whose finaliser was interrupted
     return tensor
-
-
-def _undo(field: int, slot: tuple[Any, ...], fresh: int) -> None:
-    # Only this thread renames to its own used_ strings, so finding one of them in the field
-    # proves that this call's claim succeeded (even if its result was lost to an exception).
-    mem = _MEM
-    current = _unpack_ptr(mem, field)[0]
-    cas = _cas
-    if cas is not None and (current == slot[1] or current == slot[2]):
-        _pack_ptr(mem, slot[0], current)
-        cas(ctypes.c_void_p(field), slot[4], ctypes.c_uint64(fresh), _SEQ_CST, _SEQ_CST)
 
 
 def _consume_locked(
@@ -159,9 +174,12 @@ def _consume_locked(
             slot = _thread_slot()
             _capi.PyCapsule_SetName(capsule, slot[2] if kind else slot[1])
         deleter = _fill(tensor, pointer, kind == KIND_VERSIONED, check, legacy_writable)
-        tensor._fn = [_deleter_for(deleter)] if deleter else []
+        if deleter:
+            arm(tensor, _deleter_for(deleter), pointer)
+        else:
+            tensor._fn = False
     except BaseException:
-        if fresh and tensor._fn is None:
+        if fresh and not owns(tensor):
             with _claim.LOCK:
                 name = _capi.PyCapsule_GetName(capsule)
                 if name is not None and name.startswith(b"used_"):

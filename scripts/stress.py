@@ -10,7 +10,12 @@ is 1 if anything failed.
 
 Then it runs the exit scenario: a child interpreter whose daemon threads keep exporting and
 importing through DLPack returns from its main thread; it must exit (within 60 s) with
-status 0.
+status 0. And the repeated-interrupt scenario: in a child interpreter a ``SIGALRM`` timer
+(re-armed every 20-100 us) raises ``KeyboardInterrupt`` whenever the interrupted frame is in
+``dlpack_ctypes`` or ``pb_tensor``, around loops of ``dl.from_dlpack(exporter).numpy()``,
+``np.from_dlpack(exporter)`` and ``Tensor.from_dlpack("x", numpy_capsule)``; afterwards
+``live_exports()`` must be 0 and the array must have every reference back (each numpy deleter
+ran exactly once).
 
 Usage::
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -198,6 +204,95 @@ def daemon_exit() -> tuple[bool, str]:
     return True, f"{took:.1f} s"
 
 
+# The repeated-interrupt scenario (docs/guarantees.md, "Signals and other asynchronous
+# exceptions"): each loop runs for the given seconds under the timer.
+INTERRUPTS_CHILD = """
+import gc, json, random, signal, sys, time
+import numpy as np
+import dlpack_ctypes as dl
+from pb_tensor import Tensor
+
+seconds = float(sys.argv[1])
+a = np.arange(6, dtype=np.float32).reshape(2, 3)
+rng = random.Random(22)
+delays = [rng.uniform(20e-6, 100e-6) for _ in range(1009)]
+ticks = [0]
+hits = [0]
+
+def handler(signum, frame):
+    ticks[0] += 1
+    signal.setitimer(signal.ITIMER_REAL, delays[ticks[0] % 1009])
+    if frame is not None and frame.f_globals.get("__name__", "").startswith(
+            ("dlpack_ctypes", "pb_tensor")):
+        hits[0] += 1
+        raise KeyboardInterrupt
+
+def consume():
+    t = dl.from_dlpack(dl.BufferExporter.from_numpy(a))
+    v = t.numpy()
+    del v, t
+
+def numpy_import():
+    x = np.from_dlpack(dl.BufferExporter.from_numpy(a))
+    del x
+
+def foreign():
+    t = Tensor.from_dlpack("x", a.__dlpack__(max_version=(1, 0)))
+    v = t.as_numpy()
+    del v, t
+
+report = {}
+for step in (consume, numpy_import, foreign):
+    for _ in range(20):
+        step()
+    gc.collect()
+    dl.flush()
+    base = sys.getrefcount(a)
+    hits[0] = 0
+    signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, delays[0])
+    end = time.perf_counter() + seconds
+    n = 0
+    while True:
+        try:
+            try:
+                if time.perf_counter() > end:
+                    break
+                n += 1
+                step()
+            except KeyboardInterrupt:
+                pass
+        except KeyboardInterrupt:
+            pass
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    for _ in range(3):
+        gc.collect()
+    report[step.__name__] = [n, hits[0], dl.flush(), sys.getrefcount(a) - base]
+print(json.dumps(report))
+"""
+
+
+def interrupts(seconds: float) -> list[tuple[str, bool, str]]:
+    """Run :data:`INTERRUPTS_CHILD`; returns (label, passed, value) rows."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    try:
+        done = subprocess.run([sys.executable, "-c", INTERRUPTS_CHILD, str(seconds)], env=env,
+                              cwd=root, capture_output=True, text=True,
+                              timeout=60 + 6 * seconds, check=False)
+    except subprocess.TimeoutExpired:
+        return [("interrupts", False, "hung")]
+    if done.returncode != 0:
+        return [("interrupts", False, f"exit {done.returncode}: {done.stderr.strip()[-200:]}")]
+    rows = []
+    for name, (n, hits, live, refs) in json.loads(done.stdout.strip().splitlines()[-1]).items():
+        rows.append((f"interrupts, {name}: live, refs", live == 0 and refs == 0 and hits > 0,
+                     f"{live}, {refs} ({hits}/{n})"))
+    return rows
+
+
 def run(seconds: float) -> int:
     pool = SharedMemoryPool.create(16 << 20, growth=16 << 20, max_size=256 << 20)
     paths = make_paths(pool)
@@ -266,8 +361,9 @@ def run(seconds: float) -> int:
         ("live_exports() == 0", live == 0, str(live)),
         ("pool allocations == 0", used == 0, str(used)),
         ("exit, DLPack daemon threads", *daemon_exit()),
+        *interrupts(max(1.0, seconds / 5)),
     ):
-        print(f"  {label:<28} {value:>10}  {'PASS' if good else 'MISS'}")
+        print(f"  {label:<38} {value:>18}  {'PASS' if good else 'MISS'}")
         ok = ok and good
     for e in errors[:3]:
         print(e)

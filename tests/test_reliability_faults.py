@@ -3,9 +3,10 @@
 * Asynchronous exceptions: a trace function raises ``KeyboardInterrupt`` at the k-th bytecode
   executed inside ``dlpack_ctypes``/``pb_tensor`` for k = 1, 2, ... until the operation
   completes untouched, which is where a signal handler can raise it (a superset of the points
-  where CPython runs signal handlers). Finaliser entry points (``__del__``, ``close`` and the
-  deleter body) are left out: an exception there is lost for any Python finaliser
-  (docs/guarantees.md).
+  where CPython runs signal handlers). The finalisers (``__del__``, ``close`` and the sweep's
+  ``deleter_impl``) are left out: their release relies on the points where CPython really runs
+  signal handlers (nothing between taking a registry entry and calling its deleter), which
+  tests/test_reliability_interrupts.py checks with a real timer (docs/guarantees.md).
 * Allocation failures: ``_testcapi.set_nomemory`` fails the k-th allocation.
 
 After every injected run the test drops everything and checks that ``live_exports()`` is 0,
