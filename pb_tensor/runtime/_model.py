@@ -198,6 +198,13 @@ class LoadedModel:
         valid: list[RequestData] = []
         where: list[int] = []
         for i, data in enumerate(batch):
+            if isinstance(data.correlation_id, str) and len(data.correlation_id) > 128:
+                error = InferenceError(  # TRITONSERVER_InferenceRequestSetCorrelationIdString
+                    "string correlation ID cannot be longer than 128 characters",
+                    TritonError.UNSUPPORTED,
+                )
+                early.append(Reply(i, [], error, "{}", FINAL, False))
+                continue
             if not data.validated:
                 try:
                     data.requested_outputs = validate_request(
@@ -252,8 +259,9 @@ class LoadedModel:
         ``requested_outputs`` defaults to every configured output; ``parameters`` reach the
         model as ``request.parameters()`` (a JSON object); ``timeout`` (seconds) overrides
         the model's; ``priority`` picks the dynamic batcher's priority level (0: the
-        default level). ``correlation_id`` and ``flags``
-        (``TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`` = 1, ``..._END`` = 2) reach the model as ``request.correlation_id()`` and
+        default level). ``correlation_id`` (an int, or a string of at most 128
+        characters) and ``flags`` (``TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`` = 1,
+        ``..._END`` = 2) reach the model as ``request.correlation_id()`` and
         ``request.flags()``; ``sequence_start`` / ``sequence_end`` set those flags (as
         tritonclient's keywords do). A model with ``sequence_batching`` routes the request
         to its sequence's instance and adds the configured control inputs.
