@@ -342,3 +342,44 @@ def test_sequence_py_ordering(tmp_path: Path, decoupled: bool) -> None:
     assert outputs == {c: [v for v in (1, 2, 3) for _ in range(per_request)]
                        for c in range(1, 5)}  # fmt: skip
     assert int(stats["execution_count"]) < int(stats["inference_count"])
+
+
+_BLS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            got = []
+            bls = pb_utils.InferenceRequest(
+                model_name="iterative_sequence",
+                inputs=[pb_utils.Tensor("IN", np.array([3], np.int32))],
+                requested_output_names=["OUT"])
+            for response in bls.exec(decoupled=True):
+                if response.has_error():
+                    raise pb_utils.TritonModelException(response.error().message())
+                if len(response.output_tensors()) > 0:
+                    got.append(int(pb_utils.get_output_tensor_by_name(response, "OUT")
+                                   .as_numpy()[0]))
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT0", np.array(got, np.float32))]))
+        return out
+'''
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_bls_to_a_rescheduling_model(tmp_path: Path, isolated: bool) -> None:
+    """What qa ``bls_request_rescheduling``'s ``test_decoupled_e2e`` checks, through a BLS
+    call made by a model: iterative_sequence's responses 2, 1, 0 reach the caller."""
+    root = repository(tmp_path, {"iterative_sequence": PYTHON_MODELS / "iterative_sequence"})
+    (root / "caller" / "1").mkdir(parents=True)
+    (root / "caller" / "1" / "model.py").write_text(_BLS)
+    (root / "caller" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    )
+    with ModelRepository(root) as repo:
+        model = repo.load("caller", isolated=isolated, timeout=60)
+        assert model.infer({})["OUTPUT0"].tolist() == [2.0, 1.0, 0.0]

@@ -304,15 +304,20 @@ class SequenceBatcher:
         self._cond.notify_all()
 
     def _reap(self, now: int) -> None:
-        """Release the slots of sequences idle longer than ``max_sequence_idle_microseconds``
-        (called with the condition held)."""
+        """End the sequences that got no request for ``max_sequence_idle_microseconds``
+        (their slot is released once the requests they hold ran, as Triton's reaper
+        enqueues a release behind them); called with the condition held."""
         for slots in self._slotted:
             for sequence in list(slots):
-                if (not sequence.queue and not sequence.in_flight
-                        and now - sequence.last_ns >= self._policy.idle_ns):  # fmt: skip
-                    log.info("sequence %s of model '%s' was idle for longer than "
-                             "max_sequence_idle_microseconds: its slot is released",
-                             sequence.corrid, self._name)  # fmt: skip
+                if sequence.ending or now - sequence.last_ns < self._policy.idle_ns:
+                    continue
+                log.info("sequence %s of model '%s' got no request for "
+                         "max_sequence_idle_microseconds: its slot is released",
+                         sequence.corrid, self._name)  # fmt: skip
+                sequence.ending = True
+                if self._active.get(sequence.corrid) is sequence:
+                    del self._active[sequence.corrid]
+                if not sequence.queue and not sequence.in_flight:
                     self._release(sequence)
 
     def close(self) -> None:
@@ -445,9 +450,9 @@ class SequenceBatcher:
         with self._cond:
             for i, (sequence, entry) in enumerate(batch):
                 sequence.in_flight = False
-                sequence.last_ns = end
                 if i in again:
                     entry.data.flags = 0  # IterativeSequencer: neither START nor END
+                    sequence.last_ns = end  # enqueued again
                     sequence.queue.appendleft(entry)
                     continue
                 if entry.failed:
