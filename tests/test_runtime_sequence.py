@@ -37,6 +37,8 @@ class TritonPythonModel:
     def execute(self, requests):
         self.calls += 1
         out = []
+        ready = [pb_utils.get_input_tensor_by_name(r, "READY") for r in requests]
+        ready = [None if t is None else bool(t.as_numpy().reshape(-1)[0]) for t in ready]
         for request in requests:
             value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
             cid = request.correlation_id()
@@ -51,7 +53,8 @@ class TritonPythonModel:
                     controls[name] = [str(a.dtype), list(a.shape), values]
             info = json.dumps({"instance": self.instance, "controls": controls,
                                "flags": request.flags(), "cid": cid,
-                               "batch": len(requests), "call": self.calls})
+                               "batch": len(requests), "call": self.calls,
+                               "ready": ready})
             shape = value.shape
             out.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("SUM", np.full(shape, self.sums[cid], np.int32)),
@@ -61,17 +64,19 @@ class TritonPythonModel:
 '''
 
 
-def _load(root: Path, sequence: str, *, max_batch_size: int = 0, count: int = 1,
-          isolated: bool = False) -> tuple[ModelRepository, LoadedModel]:  # fmt: skip
+def _load(
+    root: Path, sequence: str, *, max_batch_size: int = 0, count: int = 1,
+    isolated: bool = False, dims: str = "[ 1 ]",
+) -> tuple[ModelRepository, LoadedModel]:  # fmt: skip
     (root / "s" / "1").mkdir(parents=True)
     (root / "s" / "1" / "model.py").write_text(_MODEL)
     (root / "s" / "config.pbtxt").write_text(textwrap.dedent(f"""
         backend: "python"
         max_batch_size: {max_batch_size}
-        input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+        input [ {{ name: "IN" data_type: TYPE_INT32 dims: {dims} }} ]
         output [
-          {{ name: "SUM" data_type: TYPE_INT32 dims: [ 1 ] }},
-          {{ name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }}
+          {{ name: "SUM" data_type: TYPE_INT32 dims: {dims} }},
+          {{ name: "INFO" data_type: TYPE_STRING dims: {dims} }}
         ]
         instance_group [ {{ count: {count} kind: KIND_CPU }} ]
     """) + sequence)
@@ -203,6 +208,22 @@ def test_backlog_waits_for_a_free_slot(tmp_path: Path) -> None:
     assert _info(second)["call"] == _info(end)["call"] + 1  # type: ignore[operator]
 
 
+def test_direct_keeps_slot_positions_with_null_requests(tmp_path: Path) -> None:
+    """Direct, two slots on one instance: the second sequence's requests run at index 1
+    of their batch, behind a null request (READY false, correlation id 0) in the empty
+    slot 0, as Triton's Direct batcher pads them; the null request answers nobody."""
+    repo, model = _load(tmp_path, _CONTROLS % "TYPE_UINT64", max_batch_size=2)
+    with repo:
+        model.infer(_x(1, True), correlation_id=1, sequence_start=True)
+        model.infer(_x(2, True), correlation_id=2, sequence_start=True)
+        model.infer(_x(3, True), correlation_id=1, sequence_end=True)
+        second = model.infer(_x(4, True), correlation_id=2, sequence_end=True)
+        stats = model.statistics()
+    info = _info(second)
+    assert (info["batch"], info["ready"], _sum(second)) == (2, [False, True], 6)
+    assert (stats["execution_count"], stats["inference_count"]) == (4, 4)
+
+
 def test_oldest_batches_across_sequences(tmp_path: Path) -> None:
     """Oldest strategy: four sequences' requests leave together (max_batch_size 4), one
     request per sequence per batch; two requests of one sequence never share a batch."""
@@ -222,6 +243,35 @@ sequence_batching {
     assert [_info(r)["batch"] for r in first + second] == [4] * 8
     assert [_sum(r) for r in second] == [11, 12, 13, 14]
     assert (stats["execution_count"], stats["inference_count"]) == (2, 8)
+
+
+_DELAY = "max_queue_delay_microseconds: 500000"
+
+
+@pytest.mark.parametrize("strategy", [
+    f"oldest {{ max_candidate_sequences: 2 {_DELAY} }}",
+    f"direct {{ minimum_slot_utilization: 1.0 {_DELAY} }}",
+], ids=["oldest", "direct"])  # fmt: skip
+def test_batches_hold_requests_of_one_shape(tmp_path: Path, strategy: str) -> None:
+    """A variable-size input (not ragged), both requests queued before the delay ends:
+    a request of another shape than the batch's first waits for a later batch (Oldest),
+    or leaves its slot to a null request (Direct)."""
+    idle = "max_sequence_idle_microseconds: 10000000"
+    repo, model = _load(tmp_path, f"sequence_batching {{ {strategy} {idle} }}", max_batch_size=2,
+                        dims="[ -1 ]")  # fmt: skip
+    with repo:
+        model.infer({"IN": np.ones((1, 2), np.int32)}, correlation_id=1, sequence_start=True)
+        model.infer({"IN": np.ones((1, 3), np.int32)}, correlation_id=2, sequence_start=True)
+        first = model.infer_async({"IN": np.ones((1, 2), np.int32)}, correlation_id=1)
+        other = model.infer_async({"IN": np.ones((1, 3), np.int32)}, correlation_id=2)
+        results = [first.result(30), other.result(30)]
+    infos = [_info(r) for r in results]
+    assert infos[0]["call"] != infos[1]["call"]
+    assert [r["SUM"].shape for r in results] == [(1, 2), (1, 3)]
+    if strategy.startswith("direct"):
+        assert [i["batch"] for i in infos] == [1, 2]  # slot 0 padded
+    else:
+        assert [i["batch"] for i in infos] == [1, 1]
 
 
 def test_one_request_per_sequence_per_batch(tmp_path: Path) -> None:

@@ -7,11 +7,8 @@ from __future__ import annotations
 from pb_tensor.runtime._scheduling._batcher import BatchPolicy, DynamicBatcher, batch_policy
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
 from pb_tensor.runtime._scheduling._scheduler import Scheduler, unloaded_error
-from pb_tensor.runtime._scheduling._sequence import (
-    SequenceBatcher,
-    SequencePolicy,
-    sequence_policy,
-)
+from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
+from pb_tensor.runtime._scheduling._sequence_policy import SequencePolicy, sequence_policy
 from pb_tensor.runtime._scheduling._stats import Statistics, merge_metrics
 
 __all__ = [

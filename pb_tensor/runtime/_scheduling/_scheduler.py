@@ -13,7 +13,8 @@ from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, batch_policy
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
-from pb_tensor.runtime._scheduling._sequence import SequenceBatcher, sequence_policy
+from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
+from pb_tensor.runtime._scheduling._sequence_policy import sequence_policy
 from pb_tensor.runtime._scheduling._stats import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error

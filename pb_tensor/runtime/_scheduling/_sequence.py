@@ -23,8 +23,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -32,99 +30,20 @@ from pb_tensor import Tensor
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._sequence_policy import SequencePolicy
 from pb_tensor.runtime._scheduling._stats import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 
-__all__ = ["SequenceBatcher", "SequencePolicy", "sequence_policy"]
+__all__ = ["SequenceBatcher"]
 
 log = logging.getLogger("pb_tensor.runtime")
 
 _START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 _END = 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
-_DEFAULT_IDLE_US = 1_000_000  # model_config_utils.cc: max_sequence_idle_microseconds 0
 
 RunBatch = Callable[[Instance, list[RequestData], float | None, list[Cancellation | None]],
                     Iterable[Reply]]
-
-
-@dataclass(frozen=True)
-class Control:
-    """One control input: its tensor name, kind (``CONTROL_SEQUENCE_START`` ...), numpy
-    dtype and the (false, true) values (CORRID: the correlation id's type)."""
-
-    name: str
-    kind: str
-    dtype: Any
-    values: tuple[Any, Any]
-
-
-@dataclass(frozen=True)
-class SequencePolicy:
-    """What the ``sequence_batching`` section of a configuration asks for."""
-
-    oldest: bool
-    slots: int
-    max_batch: int
-    batching: bool
-    preferred: frozenset[int]
-    delay_ns: int
-    idle_ns: int
-    iterative: bool
-    controls: tuple[Control, ...]
-    corrid_type: str | None  # the CORRID control's data_type, when configured
-
-
-_CORRID_DTYPES = {
-    "TYPE_UINT64": np.uint64, "TYPE_INT64": np.int64, "TYPE_UINT32": np.uint32,
-    "TYPE_INT32": np.int32, "TYPE_STRING": np.object_,
-}  # fmt: skip
-
-
-def _control(name: str, spec: dict[str, Any]) -> Control:
-    kind = str(spec.get("kind", "CONTROL_SEQUENCE_START"))
-    if kind == "CONTROL_SEQUENCE_CORRID":
-        data_type = str(spec.get("data_type", "TYPE_UINT64"))
-        return Control(name, kind, _CORRID_DTYPES.get(data_type, np.uint64), (data_type, None))
-    for key, dtype in (("int32_false_true", np.int32), ("fp32_false_true", np.float32),
-                       ("bool_false_true", np.bool_)):  # fmt: skip
-        pair = spec.get(key)
-        if pair:
-            return Control(name, kind, dtype, (dtype(pair[0]), dtype(pair[1])))
-    return Control(name, kind, np.int32, (np.int32(0), np.int32(1)))
-
-
-def sequence_policy(config: dict[str, Any]) -> SequencePolicy | None:
-    """The sequence batcher's policy for a completed configuration (JSON form); None
-    without ``sequence_batching``."""
-    section = config.get("sequence_batching")
-    if not isinstance(section, dict):
-        return None
-    max_batch_size = int(config.get("max_batch_size", 0) or 0)
-    oldest = isinstance(section.get("oldest"), dict)
-    strategy: dict[str, Any] = section.get("oldest" if oldest else "direct") or {}
-    if oldest:
-        slots = int(strategy.get("max_candidate_sequences", 0) or 0) or 1
-    else:
-        slots = max(1, max_batch_size)
-    controls: list[Control] = []
-    for item in section.get("control_input", ()) or ():
-        for spec in item.get("control", ()) or ():
-            controls.append(_control(str(item["name"]), spec))
-    corrid = [c for c in controls if c.kind == "CONTROL_SEQUENCE_CORRID"]
-    idle = int(section.get("max_sequence_idle_microseconds", 0) or 0) or _DEFAULT_IDLE_US
-    return SequencePolicy(
-        oldest=oldest,
-        slots=slots,
-        max_batch=max(1, max_batch_size),
-        batching=max_batch_size > 0,
-        preferred=frozenset(int(s) for s in strategy.get("preferred_batch_size", ()) or ()),
-        delay_ns=int(strategy.get("max_queue_delay_microseconds", 0) or 0) * 1000,
-        idle_ns=idle * 1000,
-        iterative=bool(section.get("iterative_sequence", False)),
-        controls=tuple(controls),
-        corrid_type=str(corrid[0].values[0]) if corrid else None,
-    )
 
 
 class _Pending:
@@ -151,11 +70,12 @@ class _Pending:
 class _Sequence:
     """A sequence: its slot's instance (None while in the backlog) and its queued requests."""
 
-    __slots__ = ("corrid", "ending", "in_flight", "instance", "last_ns", "queue")
+    __slots__ = ("corrid", "ending", "in_flight", "instance", "last_ns", "queue", "slot")
 
     def __init__(self, corrid: int | str, now: int) -> None:
         self.corrid = corrid
         self.instance: int | None = None
+        self.slot = 0  # its slot's index on the instance (Direct batches keep it)
         self.queue: deque[_Pending] = deque()
         self.in_flight = False
         self.ending = False  # its END request was queued: no request joins it any more
@@ -284,6 +204,8 @@ class SequenceBatcher:
         free = [self._policy.slots - len(s) for s in self._slotted]
         best = max(range(len(free)), key=lambda i: (free[i], -i))
         if free[best] > 0:
+            used = {s.slot for s in self._slotted[best]}
+            sequence.slot = min(i for i in range(self._policy.slots) if i not in used)
             sequence.instance = best
             self._slotted[best].append(sequence)
         else:
@@ -348,9 +270,11 @@ class SequenceBatcher:
             self._threads.append(thread)
             thread.start()
 
-    def _form(self, index: int) -> list[tuple[_Sequence, _Pending]]:
-        """The next batch of instance ``index`` (one request per sequence, oldest first),
-        waiting for the queue delay as long as it asks; called with the condition held."""
+    def _form(self, index: int) -> list[tuple[_Sequence, _Pending] | None]:
+        """The next batch of instance ``index`` (one request per sequence: oldest first, or,
+        Direct, in slot order with None for each empty slot below the last one used: a
+        null request), waiting for the queue delay as long as it asks; called with the
+        condition held."""
         policy = self._policy
         while not self._closed:
             now = time.monotonic_ns()
@@ -365,17 +289,35 @@ class SequenceBatcher:
                 self._cond.wait(min(policy.idle_ns, 1_000_000_000) / 1e9)
                 continue
             ready.sort(key=lambda pair: pair[1].start_ns)
+            if policy.equal_shape:  # the first request's shapes decide (RequiredEqualInputs)
+                key = self._shape_key(ready[0][1].data)
+                same = [self._shape_key(pair[1].data) == key for pair in ready]
+                if policy.oldest:  # the dynamic batcher stops at the first other shape
+                    ready = ready[: same.index(False)] if False in same else ready
+                else:  # Direct gives the slot a null request instead
+                    ready = [pair for pair, ok in zip(ready, same) if ok]
             ready = ready[: policy.max_batch]
-            oldest = ready[0][1].start_ns
-            full = len(ready) >= policy.max_batch or len(ready) in policy.preferred
+            oldest = min(pair[1].start_ns for pair in ready)
+            if policy.oldest:
+                full = len(ready) >= policy.max_batch or len(ready) in policy.preferred
+            else:
+                full = (policy.min_utilization == 0.0
+                        or len(ready) / policy.max_batch >= policy.min_utilization)  # fmt: skip
             if not full and policy.delay_ns and now - oldest < policy.delay_ns:
                 self._cond.wait((policy.delay_ns - (now - oldest)) / 1e9)
                 continue
             for sequence, _ in ready:
                 sequence.queue.popleft()
                 sequence.in_flight = True
-            return ready
+            if policy.oldest:
+                return list(ready)
+            by_slot = {pair[0].slot: pair for pair in ready}
+            return [by_slot.get(i) for i in range(max(by_slot) + 1)]
         return []
+
+    def _shape_key(self, data: RequestData) -> object:
+        return sorted((t.name(), tuple(t.shape())) for t in data.inputs
+                      if t.name() in self._policy.equal_shape)  # fmt: skip
 
     def _loop(self, index: int) -> None:
         instance = self._all[index]
@@ -387,7 +329,7 @@ class SequenceBatcher:
             held = self._instances.hold(instance)
             if held is None:
                 with self._cond:
-                    for sequence, entry in batch:
+                    for sequence, entry in filter(None, batch):
                         sequence.in_flight = False
                         entry.end(_unloaded(self._name), self._stats)
                 return
@@ -397,27 +339,38 @@ class SequenceBatcher:
                 if held:
                     self._instances.release(instance)
 
-    def _controls(self, data: RequestData) -> list[Tensor]:
+    def _controls(self, data: RequestData, ready: bool = True) -> list[Tensor]:
         shape = (1, 1) if self._policy.batching else (1,)
         tensors = []
         for control in self._policy.controls:
             if control.kind == "CONTROL_SEQUENCE_CORRID":
-                value = np.full(shape, data.correlation_id, dtype=control.dtype)
+                corrid = data.correlation_id if ready else (
+                    "" if control.dtype is np.object_ else 0)
+                value = np.full(shape, corrid, dtype=control.dtype)
             else:
                 on = {"CONTROL_SEQUENCE_START": bool(data.flags & _START),
                       "CONTROL_SEQUENCE_END": bool(data.flags & _END),
-                      "CONTROL_SEQUENCE_READY": True}.get(control.kind, False)  # fmt: skip
+                      "CONTROL_SEQUENCE_READY": ready}.get(control.kind, False)  # fmt: skip
                 value = np.full(shape, control.values[1 if on else 0], dtype=control.dtype)
             tensors.append(Tensor(control.name, value))
         return tensors
 
-    def _execute(self, instance: Instance, batch: list[tuple[_Sequence, _Pending]]) -> None:
-        """Run ``batch`` on ``instance``; hand each reply to its caller, requeue the requests
-        an iterative sequence rescheduled, and free the slots of sequences that ended."""
+    def _execute(self, instance: Instance,
+                 slots: list[tuple[_Sequence, _Pending] | None]) -> None:  # fmt: skip
+        """Run a batch on ``instance``; hand each reply to its caller (those of null
+        requests to nobody), requeue the requests an iterative sequence rescheduled, and
+        free the slots of sequences that ended."""
         exec_start = time.monotonic_ns()
+        batch = [pair for pair in slots if pair is not None]
+        model = batch[0][1].data
         sent = []
-        for _, entry in batch:
-            data = entry.data
+        for pair in slots:
+            if pair is None:  # CopyAsNull: the first request's inputs, zeroed, not ready
+                null = RequestData([_null(t) for t in model.inputs], model.requested_outputs)
+                sent.append(RequestData(null.inputs + self._controls(null, False),
+                                        null.requested_outputs, validated=True))  # fmt: skip
+                continue
+            data = pair[1].data
             controls = self._controls(data)
             sent.append(RequestData(
                 data.inputs + controls, data.requested_outputs, data.request_id,
@@ -426,10 +379,14 @@ class SequenceBatcher:
             ))  # fmt: skip
         timeouts = [e.timeout for _, e in batch]
         timeout = None if None in timeouts else max(t for t in timeouts if t is not None)
+        cancels = [None if pair is None else pair[1].cancel for pair in slots]
         again: set[int] = set()
         try:
-            for reply in self._run(instance, sent, timeout, [e.cancel for _, e in batch]):
-                _, entry = batch[reply.index]
+            for reply in self._run(instance, sent, timeout, cancels):
+                pair = slots[reply.index]
+                if pair is None:
+                    continue
+                entry = pair[1]
                 if reply.rescheduled and self._policy.iterative:
                     again.add(reply.index)
                     continue
@@ -448,7 +405,10 @@ class SequenceBatcher:
         end = time.monotonic_ns()
         self._stats.execution(len(batch), exec_start, exec_start, end, end)
         with self._cond:
-            for i, (sequence, entry) in enumerate(batch):
+            for i, pair in enumerate(slots):
+                if pair is None:
+                    continue
+                sequence, entry = pair
                 sequence.in_flight = False
                 if i in again:
                     entry.data.flags = 0  # IterativeSequencer: neither START nor END
@@ -463,6 +423,15 @@ class SequenceBatcher:
                 if self._policy.iterative or (sequence.ending and not sequence.queue):
                     self._release(sequence)
             self._cond.notify_all()
+
+
+def _null(tensor: Tensor) -> Tensor:
+    """A null request's input: ``tensor``'s name, type and shape, zero data (empty strings
+    for BYTES)."""
+    array = tensor.as_numpy()
+    if array.dtype == np.object_:
+        return Tensor(tensor.name(), np.full(array.shape, b"", dtype=np.object_))
+    return Tensor(tensor.name(), np.zeros_like(array))
 
 
 def _replies(out: queue.SimpleQueue[Reply | None], count: int,
