@@ -288,6 +288,25 @@ sequence_batching { oldest { max_candidate_sequences: 2 max_queue_delay_microsec
     assert [_info(r)["call"] for r in results] == [1, 2]
 
 
+def test_cancelled_request_ends_its_sequence(tmp_path: Path) -> None:
+    """A sequence whose waiting request is cancelled ends (Triton releases its slot): the
+    caller gets CANCELLED, the sequence's next request without START is refused, and the
+    slot serves a new sequence."""
+    repo, model = _load(tmp_path, "sequence_batching { }")
+    with repo:
+        model.infer(_x(1), correlation_id=1, sequence_start=True)
+        waiting = model.infer_async(_x(5), correlation_id=2, sequence_start=True)
+        assert waiting.cancel()
+        with pytest.raises(InferenceError) as info:
+            waiting.result(30)
+        assert info.value.code() == TritonError.CANCELLED
+        with pytest.raises(InferenceError, match="sequence 2 to model 's' must specify the START"):
+            model.infer(_x(1), correlation_id=2)
+        assert _sum(model.infer(_x(2), correlation_id=1, sequence_end=True)) == 3
+        third = model.infer(_x(7), correlation_id=3, sequence_start=True, sequence_end=True)
+    assert (_sum(third), _info(third)["call"]) == (7, 3)
+
+
 def test_idle_sequence_loses_its_slot(tmp_path: Path) -> None:
     """A sequence idle longer than max_sequence_idle_microseconds is released: its next
     request without START is refused, and its slot serves a new sequence."""

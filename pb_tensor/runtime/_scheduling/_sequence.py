@@ -17,6 +17,7 @@ request runs again in a later batch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -147,6 +148,7 @@ class SequenceBatcher:
         the replies of each, as they come, ending with each request's final one."""
         out: queue.SimpleQueue[Reply | None] = queue.SimpleQueue()
         cancels: list[Cancellation] = []
+        queued: list[_Pending] = []
         with self._cond:
             for data, index in zip(batch, where):
                 entry = _Pending(data, index, start_ns, timeout,
@@ -160,9 +162,33 @@ class SequenceBatcher:
                     refusal = self._enqueue(entry)
                 if refusal is not None:
                     entry.end(refusal, self._stats)
+                else:
+                    queued.append(entry)
             self._start_threads()
             self._cond.notify_all()
+        for entry in queued:  # outside the lock: a cancelled one calls back at once
+            entry.cancel.subscribe(functools.partial(self._cancelled, entry))
         return _replies(out, len(batch), cancels)
+
+    def _cancelled(self, entry: _Pending) -> None:
+        """``entry`` was cancelled: if it still waits, its sequence ends (Triton releases
+        the slot of a sequence whose next request is cancelled and cancels the rest of its
+        queued requests); a request already running sees the cancellation itself."""
+        with self._cond:
+            sequence = next((s for s in list(self._active.values()) + list(self._backlog)
+                             + [q for slots in self._slotted for q in slots]
+                             if entry in s.queue), None)  # fmt: skip
+            if sequence is None:
+                return
+            for queued in sequence.queue:
+                queued.end(cancelled_error(), self._stats)
+            sequence.queue.clear()
+            sequence.ending = True
+            if self._active.get(sequence.corrid) is sequence:
+                del self._active[sequence.corrid]
+            if not sequence.in_flight:
+                self._release(sequence)
+            self._cond.notify_all()
 
     def _enqueue(self, entry: _Pending) -> InferenceError | None:
         """Put ``entry`` in its sequence (called with the condition held); Triton's error
