@@ -307,6 +307,41 @@ def test_cancelled_request_ends_its_sequence(tmp_path: Path) -> None:
     assert (_sum(third), _info(third)["call"]) == (7, 3)
 
 
+_BLS_TIMEOUT = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        bls = pb_utils.InferenceRequest(
+            model_name="s", inputs=[pb_utils.Tensor("IN", np.array([1], np.int32))],
+            requested_output_names=["SUM"], correlation_id=2,
+            flags=pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, timeout=200000)
+        response = bls.exec()
+        text = response.error().message() if response.has_error() else "ok"
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("TEXT", np.array([text], dtype=np.object_))])]
+'''
+
+
+def test_backlog_timeout(tmp_path: Path) -> None:
+    """A request with a timeout (a BLS request's ``timeout``, in microseconds) whose
+    sequence waits in the backlog past it fails with Triton's message."""
+    repo, model = _load(tmp_path, "sequence_batching { }")
+    (tmp_path / "caller" / "1").mkdir(parents=True)
+    (tmp_path / "caller" / "1" / "model.py").write_text(_BLS_TIMEOUT)
+    (tmp_path / "caller" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]\n'
+    )
+    with repo:
+        model.infer(_x(1), correlation_id=1, sequence_start=True)
+        caller = repo.load("caller", isolated=False, timeout=60)
+        text = caller.infer({})["TEXT"][0]
+        assert _sum(model.infer(_x(2), correlation_id=1, sequence_end=True)) == 3
+    assert text == b"timeout of the corresponding sequence has been expired"
+
+
 def test_idle_sequence_loses_its_slot(tmp_path: Path) -> None:
     """A sequence idle longer than max_sequence_idle_microseconds is released: its next
     request without START is refused, and its slot serves a new sequence."""

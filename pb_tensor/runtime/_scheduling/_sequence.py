@@ -71,7 +71,8 @@ class _Pending:
 class _Sequence:
     """A sequence: its slot's instance (None while in the backlog) and its queued requests."""
 
-    __slots__ = ("corrid", "ending", "in_flight", "instance", "last_ns", "queue", "slot")
+    __slots__ = ("corrid", "ending", "expires_ns", "in_flight", "instance", "last_ns", "queue",
+                 "slot")  # fmt: skip
 
     def __init__(self, corrid: int | str, now: int) -> None:
         self.corrid = corrid
@@ -81,6 +82,7 @@ class _Sequence:
         self.in_flight = False
         self.ending = False  # its END request was queued: no request joins it any more
         self.last_ns = now
+        self.expires_ns = 0  # in the backlog: when its requests' timeout expires (0: never)
 
 
 class SequenceBatcher:
@@ -219,6 +221,9 @@ class SequenceBatcher:
             )
         sequence.last_ns = now
         sequence.queue.append(entry)
+        if sequence.instance is None and data.timeout_us:  # a backlog honours the timeout
+            expires = now + data.timeout_us * 1000
+            sequence.expires_ns = min(sequence.expires_ns or expires, expires)
         if data.flags & _END and not self._policy.iterative:
             sequence.ending = True
             del self._active[corrid]
@@ -232,6 +237,7 @@ class SequenceBatcher:
         if free[best] > 0:
             used = {s.slot for s in self._slotted[best]}
             sequence.slot = min(i for i in range(self._policy.slots) if i not in used)
+            sequence.expires_ns = 0
             sequence.instance = best
             self._slotted[best].append(sequence)
         else:
@@ -254,7 +260,18 @@ class SequenceBatcher:
     def _reap(self, now: int) -> None:
         """End the sequences that got no request for ``max_sequence_idle_microseconds``
         (their slot is released once the requests they hold ran, as Triton's reaper
-        enqueues a release behind them); called with the condition held."""
+        enqueues a release behind them), and fail the requests of sequences whose timeout
+        expired in the backlog; called with the condition held."""
+        for sequence in list(self._backlog):
+            if sequence.expires_ns and now >= sequence.expires_ns:
+                self._backlog.remove(sequence)
+                if self._active.get(sequence.corrid) is sequence:
+                    del self._active[sequence.corrid]
+                for entry in sequence.queue:
+                    entry.end(InferenceError(
+                        "timeout of the corresponding sequence has been expired",
+                        TritonError.UNAVAILABLE), self._stats)  # fmt: skip
+                sequence.queue.clear()
         for slots in self._slotted:
             for sequence in list(slots):
                 if sequence.ending or now - sequence.last_ns < self._policy.idle_ns:
@@ -312,7 +329,9 @@ class SequenceBatcher:
                 if sequence.queue and not sequence.in_flight:
                     ready.append((sequence, sequence.queue[0]))
             if not ready:
-                self._cond.wait(min(policy.idle_ns, 1_000_000_000) / 1e9)
+                # Triton's reaper looks at a backlog with a timeout every 50 ms.
+                longest = 50_000_000 if any(s.expires_ns for s in self._backlog) else 10**9
+                self._cond.wait(min(policy.idle_ns, longest) / 1e9)
                 continue
             ready.sort(key=lambda pair: pair[1].start_ns)
             if policy.equal_shape:  # the first request's shapes decide (RequiredEqualInputs)
