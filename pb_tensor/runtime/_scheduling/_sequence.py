@@ -257,7 +257,7 @@ class SequenceBatcher:
             self._place(self._backlog.popleft())
         self._cond.notify_all()
 
-    def _reap(self, now: int) -> None:
+    def _reap(self, now: int) -> None:  # Triton's reaper: a backlog's timeout every 50 ms
         """End the sequences that got no request for ``max_sequence_idle_microseconds``
         (their slot is released once the requests they hold ran, as Triton's reaper
         enqueues a release behind them), and fail the requests of sequences whose timeout
@@ -329,7 +329,6 @@ class SequenceBatcher:
                 if sequence.queue and not sequence.in_flight:
                     ready.append((sequence, sequence.queue[0]))
             if not ready:
-                # Triton's reaper looks at a backlog with a timeout every 50 ms.
                 longest = 50_000_000 if any(s.expires_ns for s in self._backlog) else 10**9
                 self._cond.wait(min(policy.idle_ns, longest) / 1e9)
                 continue
