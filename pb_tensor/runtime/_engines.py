@@ -273,7 +273,7 @@ class StubEngine:
                 elif kind == "done":
                     for reply in _batched(msg[1], out):
                         yield from tracker.reply(reply)
-                    yield from tracker.done(msg[0], msg[2])
+                    yield from tracker.done(msg[0], msg[2], msg[3] if len(msg) > 3 else ())
                 else:
                     self._handler(self, kind, out, msg)
             if received >= _ACK_BYTES:
@@ -324,7 +324,7 @@ class StubEngine:
                 elif kind == "done":
                     for reply in _batched(msg[1], out):
                         tracker.reply(reply)
-                    tracker.done(msg[0], msg[2])
+                    tracker.done(msg[0], msg[2], msg[3] if len(msg) > 3 else ())
                 else:
                     self._handler(self, kind, out, msg)
         except (ChannelClosed, _NoAnswer):

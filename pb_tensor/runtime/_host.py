@@ -414,6 +414,11 @@ class ModelHost:
             previous = set_backend(self._backend)
             try:
                 error = self._execute(batch)
+                if error is None:
+                    batch.rescheduled = [
+                        i for i, r in enumerate(requests)
+                        if release_flags(r) == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+                    ]
             finally:
                 set_backend(previous)
                 # The requests point at their batch: a batch pointing back would be a cycle
@@ -551,7 +556,8 @@ class Batch:
     """The requests of one ``execute`` call and where their responses go; the source of
     their senders (made on first use: non-decoupled models rarely ask for one)."""
 
-    __slots__ = ("_is_cancelled", "decoupled", "direct", "done", "requests", "senders", "sink")
+    __slots__ = ("_is_cancelled", "decoupled", "direct", "done", "requests", "rescheduled",
+                 "senders", "sink")  # fmt: skip
 
     def __init__(self, sink: Sink, is_cancelled: Callable[[int], bool], decoupled: bool) -> None:
         self.sink = sink
@@ -564,6 +570,8 @@ class Batch:
         # How many returned responses the runtime delivered without a sender.
         self.direct = 0
         self.senders: dict[int, InferenceResponseSender] = {}
+        # The requests ``execute`` released with the RESCHEDULE flag (set when it returns).
+        self.rescheduled: list[int] = []
 
     def waiting(self) -> list[int]:
         """The requests whose sender the model took and did not close: a non-decoupled

@@ -68,10 +68,11 @@ def _timed_out(instance_name: str, timeout: float | None) -> InferenceError:
 class _Returned:
     """``execute`` returned (``error``: its failure), queued after the responses it sent."""
 
-    __slots__ = ("error",)
+    __slots__ = ("error", "rescheduled")
 
-    def __init__(self, error: str | None) -> None:
+    def __init__(self, error: str | None, rescheduled: list[int]) -> None:
         self.error = error
+        self.rescheduled = rescheduled
 
 
 class InProcessEngine:
@@ -123,7 +124,7 @@ class InProcessEngine:
         for item in sent:
             replies.extend(tracker.reply(_reply_from(*item)))
         waiting = built.waiting() if error is None and tracker.pending else ()
-        replies.extend(tracker.done(error, waiting))
+        replies.extend(tracker.done(error, waiting, built.rescheduled))
         if not tracker.finished:
             deadline = None if timeout is None else time.monotonic() + timeout
             replies.extend(self._wait(tracker, events, deadline, timeout, cancelled))
@@ -150,7 +151,7 @@ class InProcessEngine:
                 yield from tracker.fail(_timed_out(self.host.info.instance_name, timeout))
                 return
             if isinstance(item, _Returned):
-                yield from tracker.done(item.error)
+                yield from tracker.done(item.error, (), item.rescheduled)
             else:
                 yield from tracker.reply(_reply_from(*item))
 
@@ -173,7 +174,8 @@ class InProcessEngine:
 
         def work() -> None:
             with acting_as(caller):
-                events.put(_Returned(self.host.execute(requests)))
+                error = self.host.execute(requests)
+                events.put(_Returned(error, requests.rescheduled))
 
         threading.Thread(target=work, name=f"pb-tensor-execute-{info.name}", daemon=True).start()
         try:
@@ -190,7 +192,7 @@ class InProcessEngine:
                     except queue.Empty:
                         break
                     if isinstance(item, _Returned):
-                        tracker.done(item.error)
+                        tracker.done(item.error, (), item.rescheduled)
                     else:
                         tracker.reply(_reply_from(*item))
 

@@ -198,6 +198,13 @@ class LoadedModel:
         valid: list[RequestData] = []
         where: list[int] = []
         for i, data in enumerate(batch):
+            if isinstance(data.correlation_id, str) and len(data.correlation_id) > 128:
+                error = InferenceError(  # TRITONSERVER_InferenceRequestSetCorrelationIdString
+                    "string correlation ID cannot be longer than 128 characters",
+                    TritonError.UNSUPPORTED,
+                )
+                early.append(Reply(i, [], error, "{}", FINAL, False))
+                continue
             if not data.validated:
                 try:
                     data.requested_outputs = validate_request(
@@ -241,6 +248,8 @@ class LoadedModel:
         parameters: Mapping[str, ParameterValue] | None = None,
         correlation_id: int | str = 0,
         flags: int = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
         request_id: str = "",
         timeout: float | None = None,
         priority: int = 0,
@@ -250,7 +259,12 @@ class LoadedModel:
         ``requested_outputs`` defaults to every configured output; ``parameters`` reach the
         model as ``request.parameters()`` (a JSON object); ``timeout`` (seconds) overrides
         the model's; ``priority`` picks the dynamic batcher's priority level (0: the
-        default level).
+        default level). ``correlation_id`` (an int, or a string of at most 128
+        characters) and ``flags`` (``TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`` = 1,
+        ``..._END`` = 2) reach the model as ``request.correlation_id()`` and
+        ``request.flags()``; ``sequence_start`` / ``sequence_end`` set those flags (as
+        tritonclient's keywords do). A model with ``sequence_batching`` routes the request
+        to its sequence's instance and adds the configured control inputs.
 
         Raises:
             InferenceError: the request is invalid for the configuration, the model answered
@@ -259,6 +273,7 @@ class LoadedModel:
             TritonModelException: an input value of a type Triton cannot carry.
         """
         __tracebackhide__ = True  # pytest shows the test's line, not the runtime's frames
+        flags |= (1 if sequence_start else 0) | (2 if sequence_end else 0)
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
         return self._first_outputs(data, timeout, None, priority)
@@ -290,6 +305,8 @@ class LoadedModel:
         parameters: Mapping[str, ParameterValue] | None = None,
         correlation_id: int | str = 0,
         flags: int = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
         request_id: str = "",
         timeout: float | None = None,
         priority: int = 0,
@@ -305,6 +322,7 @@ class LoadedModel:
             TypeError, TritonModelException: as :meth:`infer`, for malformed inputs (at once;
                 every other error comes through the future).
         """
+        flags |= (1 if sequence_start else 0) | (2 if sequence_end else 0)
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
         cancellation = Cancellation()
@@ -357,6 +375,8 @@ class LoadedModel:
         parameters: Mapping[str, ParameterValue] | None = None,
         correlation_id: int | str = 0,
         flags: int = 0,
+        sequence_start: bool = False,
+        sequence_end: bool = False,
         request_id: str = "",
         timeout: float | None = None,
         priority: int = 0,
@@ -374,6 +394,7 @@ class LoadedModel:
                 out, or the request is invalid (raised by the iterator).
         """
         __tracebackhide__ = True  # pytest shows the test's line, not the runtime's frames
+        flags |= (1 if sequence_start else 0) | (2 if sequence_end else 0)
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
         cancellation = Cancellation()

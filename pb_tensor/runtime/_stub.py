@@ -400,7 +400,7 @@ class _Stub:
                             len(tensors_out)))  # fmt: skip
             outputs.extend(tensors_out)
         try:
-            self.channel.send("done", (error, replies, waiting), outputs)
+            self.channel.send("done", (error, replies, waiting, requests.rescheduled), outputs)
         except TritonModelException as exc:  # the pool cannot hold the outputs
             self.channel.send("done", (f"Failed to process the request(s) for model "
                                        f"'{host.info.instance_name}', message: {exc}", [], []))

@@ -38,6 +38,10 @@ class Reply:
     parameters: str
     flags: int
     has_response: bool
+    # The model released the request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: it ended
+    # this execution without a final response (flags says FINAL for those who do not
+    # reschedule; the sequence batcher of an iterative sequence runs it again).
+    rescheduled: bool = False
 
 
 class Tracker:
@@ -64,15 +68,24 @@ class Tracker:
             self.pending.discard(r.index)
         return [r] if (r.has_response or r.error is not None or r.flags & FINAL) else []
 
-    def done(self, error: str | None, waiting: Collection[int] = ()) -> list[Reply]:
+    def done(self, error: str | None, waiting: Collection[int] = (),
+             rescheduled: Collection[int] = ()) -> list[Reply]:  # fmt: skip
         """``execute`` returned (``error``: its failure). ``waiting``: the requests of a
         non-decoupled model whose sender is still open; their response may come later, from
-        another thread, as in Triton."""
+        another thread, as in Triton. ``rescheduled``: the requests the model released with
+        the RESCHEDULE flag (they end here, without a response)."""
         self.returned = True
         if not self.pending:
             return []
         if error is not None:
             return self.fail(InferenceError(error, TritonError.INTERNAL))
+        again = [Reply(i, [], None, "{}", FINAL, False, True)
+                 for i in sorted(self.pending.intersection(rescheduled))]  # fmt: skip
+        if again:
+            self.pending.difference_update(rescheduled)
+            if not self.pending:
+                return again
+            return again + self.done(None, waiting)
         if self.decoupled:
             return []
         # Triton would wait forever for a request whose sender the model never took: here

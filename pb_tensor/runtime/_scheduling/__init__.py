@@ -1,11 +1,14 @@
 """Triton's schedulers for a loaded model: its instances (:class:`InstanceSet`), the dynamic
-batcher (:class:`DynamicBatcher`) and the statistics they record (:class:`Statistics`)."""
+batcher (:class:`DynamicBatcher`), the sequence batcher (:class:`SequenceBatcher`) and the
+statistics they record (:class:`Statistics`)."""
 
 from __future__ import annotations
 
 from pb_tensor.runtime._scheduling._batcher import BatchPolicy, DynamicBatcher, batch_policy
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
 from pb_tensor.runtime._scheduling._scheduler import Scheduler, unloaded_error
+from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
+from pb_tensor.runtime._scheduling._sequence_policy import SequencePolicy, sequence_policy
 from pb_tensor.runtime._scheduling._stats import Statistics, merge_metrics
 
 __all__ = [
@@ -14,8 +17,11 @@ __all__ = [
     "Instance",
     "InstanceSet",
     "Scheduler",
+    "SequenceBatcher",
+    "SequencePolicy",
     "Statistics",
     "batch_policy",
     "merge_metrics",
+    "sequence_policy",
     "unloaded_error",
 ]

@@ -1,6 +1,6 @@
 """How a loaded model runs its validated requests: on an idle instance one call at a time
-(Triton's default scheduler), or through the dynamic batcher; recording the statistics of
-both."""
+(Triton's default scheduler), through the dynamic batcher, or through the sequence batcher;
+recording the statistics of each."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, batch_policy
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
+from pb_tensor.runtime._scheduling._sequence_policy import sequence_policy
 from pb_tensor.runtime._scheduling._stats import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
@@ -49,6 +51,10 @@ class Scheduler:
         self.batcher = None if policy is None else DynamicBatcher(
             name, policy, self.instances, self._run_batch, self.stats
         )
+        sequence = sequence_policy(config)
+        self.sequencer = None if sequence is None else SequenceBatcher(
+            name, sequence, self.instances, self._run_batch, self.stats
+        )
 
     def batch_size(self, data: RequestData) -> int:
         """A request's batch size as Triton counts it (first dimension, or 1)."""
@@ -69,6 +75,8 @@ class Scheduler:
     ) -> Iterable[Reply]:
         """The replies of ``valid`` (their caller's indexes: ``where``): a list when they
         are complete already, else an iterator that runs them on first ``next``."""
+        if self.sequencer is not None:
+            return self.sequencer.submit(valid, where, start_ns, timeout, cancel)
         if self.batcher is not None:
             refusal = self.instances.would_self_wait()
             if refusal is not None:
@@ -159,4 +167,6 @@ class Scheduler:
         stopping)."""
         if self.batcher is not None:
             self.batcher.close()
+        if self.sequencer is not None:
+            self.sequencer.close()
         return self.instances.close()
