@@ -235,3 +235,63 @@ def test_closed_stream_cancels_its_requests(triton_server: Any, tmp_path: Any) -
         assert time.monotonic() < deadline, "the model did not see the cancellation"
         time.sleep(0.02)
     assert marker.read_text() == "cancelled"
+
+
+_FINAL_IN_RESPONSE = '''
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            sender = request.get_response_sender()
+            for i in range(n):
+                out = pb_utils.Tensor("OUT", np.array([i], dtype=np.int32))
+                flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if i == n - 1 else 0
+                sender.send(pb_utils.InferenceResponse([out]), flags=flags)
+'''
+_FINAL_IN_RESPONSE_CONFIG = """
+name: "final_in_response"
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["stubs", "in_process"])
+def test_stream_final_flag_on_the_real_response(triton_server: Any, tmp_path: Any,
+                                                in_process: bool) -> None:
+    """A response sent with the final flag carries triton_final_response=true itself, and
+    no empty final follows it even when the request enables empty finals (Triton's stream
+    handler sends one only for a flags-only final)."""
+    import tritonclient.grpc as grpcclient
+
+    (tmp_path / "final_in_response" / "1").mkdir(parents=True)
+    (tmp_path / "final_in_response" / "config.pbtxt").write_text(_FINAL_IN_RESPONSE_CONFIG)
+    (tmp_path / "final_in_response" / "1" / "model.py").write_text(_FINAL_IN_RESPONSE)
+    server = triton_server(str(tmp_path), allow_http=False, allow_metrics=False,
+                           in_process=in_process)
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        n = grpcclient.InferInput("N", [1], "INT32")
+        n.set_data_from_numpy(np.array([3], dtype=np.int32))
+        client.async_stream_infer("final_in_response", [n], request_id="f1",
+                                  enable_empty_final_response=True)
+        got = [results.get(timeout=30) for _ in range(3)]
+        n.set_data_from_numpy(np.array([1], dtype=np.int32))
+        client.async_stream_infer("final_in_response", [n], request_id="f2")
+        single, single_error = results.get(timeout=30)
+        client.stop_stream()
+    assert [e for _, e in got] == [None] * 3
+    assert [r.as_numpy("OUT").tolist() for r, _ in got] == [[0], [1], [2]]
+    assert [r.get_response().parameters["triton_final_response"].bool_param
+            for r, _ in got] == [False, False, True]
+    assert single_error is None
+    assert single.get_response().id == "f2"
+    assert single.get_response().parameters["triton_final_response"].bool_param
+    assert results.empty()  # no empty final after a response that carried the flag

@@ -177,13 +177,17 @@ class _Service:
         def run() -> None:
             from pb_tensor.runtime import InferenceError
 
+            # As Triton's stream handler: each response carries its final flag; a flags-only
+            # final is sent (empty) only when the request enabled it.
+            final = False
             try:
                 for outputs in stream:
                     response = response_of(request, model.version, outputs, parsed,
                                            self.core.regions)
-                    response.parameters["triton_final_response"].bool_param = not decoupled
+                    final = outputs.final
+                    response.parameters["triton_final_response"].bool_param = final
                     put(_M("ModelStreamInferResponse")(infer_response=response))
-                if decoupled and parsed.empty_final:
+                if decoupled and parsed.empty_final and not final:
                     response = _M("ModelInferResponse")(
                         model_name=request.model_name, model_version=str(model.version),
                         id=request.id,
