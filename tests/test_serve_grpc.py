@@ -295,3 +295,60 @@ def test_stream_final_flag_on_the_real_response(triton_server: Any, tmp_path: An
     assert single.get_response().id == "f2"
     assert single.get_response().parameters["triton_final_response"].bool_param
     assert results.empty()  # no empty final after a response that carried the flag
+
+
+_SLOW_ECHO = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.5)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+'''
+_SLOW_ECHO_CONFIG = """
+name: "slow_echo"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_stream_answers_non_decoupled_requests_in_request_order(
+        triton_server: Any, tmp_path: Any) -> None:
+    """Triton's stream handler queues non-decoupled requests (and those refused before they
+    ran) and writes their responses in the order the requests came: a fast request behind a
+    slow one on another model waits for it."""
+    import shutil
+
+    import tritonclient.grpc as grpcclient
+
+    (tmp_path / "slow_echo" / "1").mkdir(parents=True)
+    (tmp_path / "slow_echo" / "config.pbtxt").write_text(_SLOW_ECHO_CONFIG)
+    (tmp_path / "slow_echo" / "1" / "model.py").write_text(_SLOW_ECHO)
+    shutil.copytree(f"{EXAMPLES}/add_sub", tmp_path / "add_sub")
+    server = triton_server(str(tmp_path), allow_http=False, allow_metrics=False,
+                           in_process=True)
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([7], dtype=np.int32))
+        client.async_stream_infer("slow_echo", [x], request_id="slow")
+        a = np.ones(2, dtype=np.float32)
+        client.async_stream_infer("add_sub", _add_sub_inputs(a, a), request_id="fast")
+        client.async_stream_infer("nope", [x], request_id="unknown")
+        got = [results.get(timeout=30) for _ in range(3)]
+        client.stop_stream()
+    first, second, third = got
+    assert first[1] is None
+    assert first[0].get_response().id == "slow"
+    assert first[0].as_numpy("Y").tolist() == [7]
+    assert second[1] is None
+    assert second[0].get_response().id == "fast"
+    assert second[0].as_numpy("OUTPUT0").tolist() == [2.0, 2.0]
+    assert third[0] is None
+    assert third[1].message() == "Request for unknown model: 'nope' is not found"
