@@ -352,3 +352,35 @@ def test_stream_answers_non_decoupled_requests_in_request_order(
     assert second[0].as_numpy("OUTPUT0").tolist() == [2.0, 2.0]
     assert third[0] is None
     assert third[1].message() == "Request for unknown model: 'nope' is not found"
+
+
+def test_stream_error_fields_as_triton_sets_them(server: Any) -> None:
+    """A request refused before it runs (unknown model, bad input) gets an error whose
+    response holds only the request id; one whose model failed also names the model and
+    carries ``triton_final_response`` (Triton's stream_infer_handler.cc)."""
+    import grpc
+
+    from pb_tensor.serve._protos import message
+
+    request_cls = message("ModelInferRequest")
+    reply_cls = message("ModelStreamInferResponse")
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                     request_serializer=request_cls.SerializeToString,
+                                     response_deserializer=reply_cls.FromString)
+        unknown = request_cls(model_name="nope", id="r1")
+        failing = request_cls(model_name="add_sub", id="r2")
+        for i, n in ((0, 3), (1, 2)):  # shapes differ: the model's own error response
+            failing.inputs.add(name=f"INPUT{i}", datatype="FP32", shape=[n])
+            failing.raw_input_contents.append(np.zeros(n, np.float32).tobytes())
+        replies = list(call(iter([unknown, failing]), timeout=30))
+    refused, failed = replies
+    assert refused.error_message == "Request for unknown model: 'nope' is not found"
+    assert refused.infer_response.id == "r1"
+    assert refused.infer_response.model_name == ""
+    assert dict(refused.infer_response.parameters) == {}
+    assert failed.error_message == (
+        "INPUT0 and INPUT1 must have the same shape, got (3,) and (2,)")
+    assert failed.infer_response.id == "r2"
+    assert failed.infer_response.model_name == "add_sub"
+    assert failed.infer_response.parameters["triton_final_response"].bool_param

@@ -148,12 +148,15 @@ class _Service:
 
     def _start_stream(self, request: Any, put: Any, done: object, streams: set[Any],
                       state: dict[str, Any]) -> None:
-        def error(message: str) -> Any:
-            response = _M("ModelInferResponse")(
-                model_name=request.model_name, model_version=request.model_version,
-                id=request.id,
-            )  # fmt: skip
-            response.parameters["triton_final_response"].bool_param = True
+        def error(message: str, refused: bool = False) -> Any:
+            # As Triton's stream handler: a request refused before it ran gets an error
+            # with only its id; one that failed running also names the model and carries
+            # the final flag.
+            response = _M("ModelInferResponse")(id=request.id)
+            if not refused:
+                response.model_name = request.model_name
+                response.model_version = request.model_version
+                response.parameters["triton_final_response"].bool_param = True
             return _M("ModelStreamInferResponse")(error_message=message,
                                                   infer_response=response)
 
@@ -180,10 +183,11 @@ class _Service:
             )  # fmt: skip
         except ServeError as exc:
             if model is not None and model.decoupled:
-                put(error(exc.message))
+                put(error(exc.message, refused=True))
                 put(done)
             else:
-                self._put_in_order(in_order(), [error(exc.message), done], put, streams)
+                self._put_in_order(in_order(), [error(exc.message, refused=True), done], put,
+                                   streams)
             return
         streams.add(stream)
         decoupled = model.decoupled
