@@ -152,7 +152,7 @@ class KServe(Server):
 class MLServer(Server):
     """MLServer with ``peers/mlserver_add_sub``: default settings but the ports and
     ``parallel_workers=0`` (inference in the server process, as ``serve --in-process``; its
-    worker pool does not start with the newest uvloop)."""
+    worker pool does not start with uvloop 0.23)."""
 
     binary = False
 
