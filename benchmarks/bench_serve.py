@@ -1,15 +1,23 @@
-"""Benchmark of ``pb-tensor serve``: add_sub over HTTP and gRPC at concurrency 1 and 16, for
-``serve --in-process`` and ``serve`` (stub processes), and a 64 MiB FP32 tensor over HTTP binary
-data against the same bytes sent over a raw loopback socket.
+"""Benchmark of ``pb-tensor serve`` against KServe's and MLServer's Python servers: add_sub over
+HTTP and gRPC at concurrency 1 and 16, for ``serve --in-process``, ``serve`` (stub processes),
+KServe's ``ModelServer`` and MLServer (each serving the same numpy add_sub,
+``benchmarks/peers/``); and a 64 MiB FP32 tensor over HTTP binary data against the same bytes
+sent over a raw loopback socket.
 
 One load generator for every server (threads, one persistent connection each: raw
-``http.client`` requests with the binary-data extension, and grpcio's unary calls with
-Triton's ``ModelInferRequest``), rounds interleaved between the servers so that load changes
-on the machine fall on both. Prints requests per second and p50 / p99 latencies per case.
-KServe's and MLServer's servers are not installed here; the issue's comparison with them is
-not made by this script.
+``http.client`` requests, and grpcio's unary calls with the KServe v2 / Triton
+``ModelInferRequest``, inputs as ``raw_input_contents``), rounds interleaved between the
+servers so that load changes on the machine fall on all of them. HTTP bodies use the
+binary-data extension where the server has it (pb-tensor, KServe) and JSON otherwise
+(MLServer); the table says which. Prints requests per second and p50 / p99 latencies per
+case, then the issue's targets.
 
-Usage: ``python benchmarks/bench_serve.py [--quick]`` (needs the serve extra).
+KServe and MLServer run from the Python interpreters given with ``--kserve-python`` and
+``--mlserver-python`` (default: this interpreter); one without the package is skipped with
+a line saying so.
+
+Usage: ``python benchmarks/bench_serve.py [--quick] [--kserve-python PY]
+[--mlserver-python PY]`` (needs the serve extra).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -35,20 +44,86 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 EXAMPLES = os.path.join(ROOT, "examples", "model_repository")
+PEERS = os.path.join(HERE, "peers")
+
+_IDENTITY = """
+import triton_python_backend_utils as pb_utils
 
 
-class Serve:
-    """``python -m pb_tensor serve`` for add_sub in a subprocess."""
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+"""
+_IDENTITY_CONFIG = """
+name: "identity"
+backend: "python"
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
 
-    def __init__(self, *extra: str) -> None:
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _has_module(python: str, module: str) -> bool:
+    probe = subprocess.run([python, "-c", f"import {module}"], capture_output=True,
+                           check=False)
+    return probe.returncode == 0
+
+
+class Server:
+    """A server under test in a subprocess: its HTTP and gRPC addresses, whether its HTTP
+    side takes the binary-data extension, and ``stop()``."""
+
+    binary = True
+    proc: subprocess.Popen[str]
+    http = ""
+    grpc = ""
+
+    def _wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        host, port = self.http.rsplit(":", 1)
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{type(self).__name__} exited with {self.proc.returncode}")
+            try:
+                conn = http.client.HTTPConnection(host, int(port), timeout=2)
+                conn.request("GET", "/v2/models/add_sub/ready")
+                if conn.getresponse().status == 200:
+                    conn.close()
+                    return
+                conn.close()
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{type(self).__name__} did not get ready")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class Serve(Server):
+    """``python -m pb_tensor serve`` in a subprocess."""
+
+    def __init__(self, *extra: str, repository: str = EXAMPLES, model: str = "add_sub"
+                 ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pb_tensor", "serve", "--model-repository", EXAMPLES,
-             "--model-control-mode=explicit", "--load-model", "add_sub", "--http-port", "0",
+            [sys.executable, "-m", "pb_tensor", "serve", "--model-repository", repository,
+             "--model-control-mode=explicit", "--load-model", model, "--http-port", "0",
              "--grpc-port", "0", "--allow-metrics=false", "--http-max-input-size",
              str(1 << 30), *extra],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )  # fmt: skip
-        self.http = self.grpc = ""
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             found = re.search(r"Started (\w+) at (\S+)", line)
@@ -60,9 +135,39 @@ class Serve:
         if not self.http:
             raise RuntimeError("serve did not start")
 
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(60)
+
+class KServe(Server):
+    """KServe's ``ModelServer`` with ``peers/kserve_add_sub.py``."""
+
+    def __init__(self, python: str) -> None:
+        http_port, grpc_port = _free_port(), _free_port()
+        self.http, self.grpc = f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+        self.proc = subprocess.Popen(
+            [python, os.path.join(PEERS, "kserve_add_sub.py"), str(http_port), str(grpc_port)],
+            cwd=PEERS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        self._wait_ready()
+
+
+class MLServer(Server):
+    """MLServer with ``peers/mlserver_add_sub``: default settings but the ports and
+    ``parallel_workers=0`` (inference in the server process, as ``serve --in-process``; its
+    worker pool does not start with uvloop 0.23)."""
+
+    binary = False
+
+    def __init__(self, python: str) -> None:
+        http_port, grpc_port = _free_port(), _free_port()
+        self.http, self.grpc = f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}"
+        env = dict(os.environ, MLSERVER_HTTP_PORT=str(http_port),
+                   MLSERVER_GRPC_PORT=str(grpc_port), MLSERVER_METRICS_PORT=str(_free_port()),
+                   MLSERVER_HOST="127.0.0.1", MLSERVER_PARALLEL_WORKERS="0")
+        self.proc = subprocess.Popen(
+            [python, "-c", "import sys; from mlserver.cli import main; sys.exit(main())",
+             "start", os.path.join(PEERS, "mlserver_add_sub")],
+            cwd=PEERS, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, env=env,
+        )  # fmt: skip
+        self._wait_ready()
 
 
 def _add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
@@ -169,59 +274,151 @@ def _raw_socket_seconds(payload: bytes) -> float:
     return elapsed
 
 
+def _add_sub_json_body(n: int) -> tuple[bytes, dict[str, str]]:
+    data = np.arange(n, dtype=np.float32).tolist()
+    body = json.dumps({"inputs": [
+        {"name": f"INPUT{i}", "datatype": "FP32", "shape": [n], "data": data}
+        for i in (0, 1)]}).encode()  # fmt: skip
+    return body, {"Content-Type": "application/json"}
+
+
+def _identity_repository(path: str) -> str:
+    os.makedirs(os.path.join(path, "identity", "1"))
+    with open(os.path.join(path, "identity", "config.pbtxt"), "w") as f:
+        f.write(_IDENTITY_CONFIG)
+    with open(os.path.join(path, "identity", "1", "model.py"), "w") as f:
+        f.write(_IDENTITY)
+    return path
+
+
+def _identity_http_body(n: int) -> tuple[bytes, dict[str, str]]:
+    data = np.ones(n, dtype=np.float32).tobytes()
+    head = json.dumps({"inputs": [
+        {"name": "IN", "datatype": "FP32", "shape": [n],
+         "parameters": {"binary_data_size": len(data)}}],
+        "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
+    return head + data, {"Inference-Header-Content-Length": str(len(head)),
+                         "Content-Type": "application/octet-stream"}
+
+
+def _start_peers(args: argparse.Namespace) -> dict[str, Server]:
+    peers: dict[str, Server] = {}
+    for name, cls, python, module in (("KServe", KServe, args.kserve_python, "kserve"),
+                                      ("MLServer", MLServer, args.mlserver_python, "mlserver")):
+        if not _has_module(python, module):
+            print(f"{name}: skipped, `{module}` is not installed for {python} (pass "
+                  f"--{name.lower()}-python)")
+            continue
+        try:
+            peers[name] = cls(python)
+        except RuntimeError as exc:
+            print(f"{name}: skipped, it did not start ({exc})")
+    return peers
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float]]]],
+             servers: dict[str, Server]) -> None:
+    def rate(mode: str, proto: str, conc: int) -> float:
+        return max(r[0] for r in results[(mode, proto, conc)])
+
+    if "KServe" not in servers:
+        print("targets against KServe: not measured (KServe not installed)")
+        return
+    for mode, want in (("in-process", 2.0), ("stub", 1.0)):
+        for proto in ("HTTP", "gRPC"):
+            for conc in (1, 16):
+                ratio = rate(mode, proto, conc) / rate("KServe", proto, conc)
+                print(f"target {mode} >= {want:.0f}x KServe, {proto}, {conc:>2} clients: "
+                      f"{ratio:.2f}x {_verdict(ratio >= want)}")
+
+
+def _big_transfer(rounds: int) -> None:
+    """64 MiB over HTTP binary data: identity (64 MiB in, 64 MiB out) and add_sub (two 32
+    MiB inputs, two 32 MiB outputs: the model's numpy work counts too), in-process, against
+    64 MiB one way over a raw loopback socket."""
+    payload = bytes(64 * 1024 * 1024)
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [("identity", Serve("--in-process", repository=_identity_repository(tmp),
+                                    model="identity"), _identity_http_body(16 * 1024 * 1024)),
+                 ("add_sub", Serve("--in-process"), _add_sub_http_body(8 * 1024 * 1024))]
+        try:
+            times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
+            raw_times = []
+            calls = [(name, http_worker(serve.http, body, headers,
+                                        f"/v2/models/{name}/infer"))
+                     for name, serve, (body, headers) in cases]
+            for _, call in calls:
+                call()  # warm
+            for _ in range(rounds):
+                for name, call in calls:
+                    t = time.perf_counter()
+                    call()
+                    times[name].append(time.perf_counter() - t)
+                raw_times.extend(_raw_socket_seconds(payload) for _ in range(3))
+        finally:
+            for _, serve, _ in cases:
+                serve.stop()
+    raw_best = min(raw_times)
+    print(f"64 MiB one way over a raw loopback socket: {raw_best * 1e3:.0f} ms")
+    for name, _, _ in cases:
+        best = min(times[name])
+        ratio = best / 2 / raw_best
+        what = ("one 64 MiB FP32 input, the same 64 MiB back" if name == "identity"
+                else "two 32 MiB FP32 inputs, two 32 MiB outputs back, numpy add/sub")
+        print(f"64 MiB over HTTP binary data, in-process {name} ({what}): {best * 1e3:.0f} ms; "
+              f"per 64 MiB moved: {ratio:.2f}x the socket")
+    ratio = min(times["identity"]) / 2 / raw_best
+    print(f"target 64 MiB transfer within 2x of the raw socket (identity): {ratio:.2f}x "
+          f"{_verdict(ratio <= 2.0)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests and rounds")
+    parser.add_argument("--kserve-python", default=sys.executable,
+                        help="a Python with kserve installed (default: this one)")
+    parser.add_argument("--mlserver-python", default=sys.executable,
+                        help="a Python with mlserver installed (default: this one)")
     args = parser.parse_args()
     requests = 400 if args.quick else 3000
     rounds = 2 if args.quick else 3
-    servers = {"in-process": Serve("--in-process"), "stub": Serve()}
+    servers: dict[str, Server] = {"in-process": Serve("--in-process"), "stub": Serve()}
     results: dict[tuple[str, str, int], list[tuple[float, list[float]]]] = {}
     try:
-        body, headers = _add_sub_http_body(16)
+        servers.update(_start_peers(args))
+        binary_body, binary_headers = _add_sub_http_body(16)
+        json_body, json_headers = _add_sub_json_body(16)
         for _ in range(rounds):
-            for mode, serve in servers.items():
+            for mode, server in servers.items():
+                body, headers = ((binary_body, binary_headers) if server.binary
+                                 else (json_body, json_headers))
                 for concurrency in (1, 16):
-                    http_make = lambda s=serve: http_worker(  # noqa: E731
-                        s.http, body, headers, "/v2/models/add_sub/infer")
-                    grpc_make = lambda s=serve: grpc_worker(s.grpc, 16)  # noqa: E731
+                    http_make = lambda s=server, b=body, h=headers: http_worker(  # noqa: E731
+                        s.http, b, h, "/v2/models/add_sub/infer")
+                    grpc_make = lambda s=server: grpc_worker(s.grpc, 16)  # noqa: E731
                     for proto, make in (("HTTP", http_make), ("gRPC", grpc_make)):
                         results.setdefault((mode, proto, concurrency), []).append(
                             run(make, concurrency, requests))
         print(f"add_sub, two (16,) FP32 inputs, {requests} requests per case, best of "
               f"{rounds} interleaved rounds")
-        print(f"{'server':<12}{'protocol':<10}{'clients':>8}{'req/s':>10}{'p50 ms':>10}"
+        print(f"{'server':<12}{'protocol':<14}{'clients':>8}{'req/s':>10}{'p50 ms':>10}"
               f"{'p99 ms':>10}")
         for (mode, proto, concurrency), runs in results.items():
             rate, lat = max(runs, key=lambda r: r[0])
             q = statistics.quantiles(lat, n=100)
-            print(f"{mode:<12}{proto:<10}{concurrency:>8}{rate:>10.0f}{q[49] * 1e3:>10.2f}"
+            shown = proto if proto == "gRPC" else (
+                "HTTP binary" if servers[mode].binary else "HTTP JSON")
+            print(f"{mode:<12}{shown:<14}{concurrency:>8}{rate:>10.0f}{q[49] * 1e3:>10.2f}"
                   f"{q[98] * 1e3:>10.2f}")
-        for mode in servers:
-            for proto in ("HTTP", "gRPC"):
-                one = max(r[0] for r in results[(mode, proto, 1)])
-                many = max(r[0] for r in results[(mode, proto, 16)])
-                print(f"{mode} {proto}: 16 clients / 1 client throughput = {many / one:.2f}x")
-        # 64 MiB over HTTP binary data (two 32 MiB inputs; 64 MiB of outputs come back) vs
-        # the same 64 MiB over a raw loopback socket.
-        big, big_headers = _add_sub_http_body(8 * 1024 * 1024)
-        call = http_worker(servers["in-process"].http, big, big_headers,
-                           "/v2/models/add_sub/infer")
-        times, raw_times = [], []
-        payload = bytes(64 * 1024 * 1024)
-        for _ in range(rounds):
-            t = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t)
-            raw_times.append(_raw_socket_seconds(payload))
-        best, raw_best = min(times), min(raw_times)
-        print(f"64 MiB of FP32 inputs over HTTP binary data, in-process, 64 MiB of outputs "
-              f"back: {best * 1e3:.0f} ms; 64 MiB one way over a raw loopback socket: "
-              f"{raw_best * 1e3:.0f} ms; per 64 MiB moved: {best / 2 / raw_best:.2f}x the "
-              "socket")
+        _targets(results, servers)
     finally:
-        for serve in servers.values():
-            serve.stop()
+        for server in servers.values():
+            server.stop()
+    _big_transfer(rounds)
 
 
 if __name__ == "__main__":

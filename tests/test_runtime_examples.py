@@ -150,7 +150,11 @@ def test_decoupled_stream(load: Loader) -> None:
     assert model.decoupled
     outs = list(model.stream({"N": np.array([5], np.int32)}))
     assert [o["OUT"].tolist() for o in outs] == [[0], [1], [2], [3], [4]]
+    # The model ends with a flags-only send(flags=FINAL): no response carries the flag.
+    assert [o.final for o in outs] == [False] * 5
     assert list(model.stream({"N": np.array([0], np.int32)})) == []
+    a = np.ones(2, np.float32)
+    assert [o.final for o in load("add_sub").stream({"INPUT0": a, "INPUT1": a})] == [True]
 
 
 def test_decoupled_stream_stopped_early_cancels(load: Loader) -> None:

@@ -235,3 +235,152 @@ def test_closed_stream_cancels_its_requests(triton_server: Any, tmp_path: Any) -
         assert time.monotonic() < deadline, "the model did not see the cancellation"
         time.sleep(0.02)
     assert marker.read_text() == "cancelled"
+
+
+_FINAL_IN_RESPONSE = '''
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            sender = request.get_response_sender()
+            for i in range(n):
+                out = pb_utils.Tensor("OUT", np.array([i], dtype=np.int32))
+                flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if i == n - 1 else 0
+                sender.send(pb_utils.InferenceResponse([out]), flags=flags)
+'''
+_FINAL_IN_RESPONSE_CONFIG = """
+name: "final_in_response"
+backend: "python"
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["stubs", "in_process"])
+def test_stream_final_flag_on_the_real_response(triton_server: Any, tmp_path: Any,
+                                                in_process: bool) -> None:
+    """A response sent with the final flag carries triton_final_response=true itself, and
+    no empty final follows it even when the request enables empty finals (Triton's stream
+    handler sends one only for a flags-only final)."""
+    import tritonclient.grpc as grpcclient
+
+    (tmp_path / "final_in_response" / "1").mkdir(parents=True)
+    (tmp_path / "final_in_response" / "config.pbtxt").write_text(_FINAL_IN_RESPONSE_CONFIG)
+    (tmp_path / "final_in_response" / "1" / "model.py").write_text(_FINAL_IN_RESPONSE)
+    server = triton_server(str(tmp_path), allow_http=False, allow_metrics=False,
+                           in_process=in_process)
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        n = grpcclient.InferInput("N", [1], "INT32")
+        n.set_data_from_numpy(np.array([3], dtype=np.int32))
+        client.async_stream_infer("final_in_response", [n], request_id="f1",
+                                  enable_empty_final_response=True)
+        got = [results.get(timeout=30) for _ in range(3)]
+        n.set_data_from_numpy(np.array([1], dtype=np.int32))
+        client.async_stream_infer("final_in_response", [n], request_id="f2")
+        single, single_error = results.get(timeout=30)
+        client.stop_stream()
+    assert [e for _, e in got] == [None] * 3
+    assert [r.as_numpy("OUT").tolist() for r, _ in got] == [[0], [1], [2]]
+    assert [r.get_response().parameters["triton_final_response"].bool_param
+            for r, _ in got] == [False, False, True]
+    assert single_error is None
+    assert single.get_response().id == "f2"
+    assert single.get_response().parameters["triton_final_response"].bool_param
+    assert results.empty()  # no empty final after a response that carried the flag
+
+
+_SLOW_ECHO = '''
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(0.5)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())]) for r in requests]
+'''
+_SLOW_ECHO_CONFIG = """
+name: "slow_echo"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_stream_answers_non_decoupled_requests_in_request_order(
+        triton_server: Any, tmp_path: Any) -> None:
+    """Triton's stream handler queues non-decoupled requests (and those refused before they
+    ran) and writes their responses in the order the requests came: a fast request behind a
+    slow one on another model waits for it."""
+    import shutil
+
+    import tritonclient.grpc as grpcclient
+
+    (tmp_path / "slow_echo" / "1").mkdir(parents=True)
+    (tmp_path / "slow_echo" / "config.pbtxt").write_text(_SLOW_ECHO_CONFIG)
+    (tmp_path / "slow_echo" / "1" / "model.py").write_text(_SLOW_ECHO)
+    shutil.copytree(f"{EXAMPLES}/add_sub", tmp_path / "add_sub")
+    server = triton_server(str(tmp_path), allow_http=False, allow_metrics=False,
+                           in_process=True)
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        x = grpcclient.InferInput("X", [1], "INT32")
+        x.set_data_from_numpy(np.array([7], dtype=np.int32))
+        client.async_stream_infer("slow_echo", [x], request_id="slow")
+        a = np.ones(2, dtype=np.float32)
+        client.async_stream_infer("add_sub", _add_sub_inputs(a, a), request_id="fast")
+        client.async_stream_infer("nope", [x], request_id="unknown")
+        got = [results.get(timeout=30) for _ in range(3)]
+        client.stop_stream()
+    first, second, third = got
+    assert first[1] is None
+    assert first[0].get_response().id == "slow"
+    assert first[0].as_numpy("Y").tolist() == [7]
+    assert second[1] is None
+    assert second[0].get_response().id == "fast"
+    assert second[0].as_numpy("OUTPUT0").tolist() == [2.0, 2.0]
+    assert third[0] is None
+    assert third[1].message() == "Request for unknown model: 'nope' is not found"
+
+
+def test_stream_error_fields_as_triton_sets_them(server: Any) -> None:
+    """A request refused before it runs (unknown model, bad input) gets an error whose
+    response holds only the request id; one whose model failed also names the model and
+    carries ``triton_final_response`` (Triton's stream_infer_handler.cc)."""
+    import grpc
+
+    from pb_tensor.serve._protos import message
+
+    request_cls = message("ModelInferRequest")
+    reply_cls = message("ModelStreamInferResponse")
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                     request_serializer=request_cls.SerializeToString,
+                                     response_deserializer=reply_cls.FromString)
+        unknown = request_cls(model_name="nope", id="r1")
+        failing = request_cls(model_name="add_sub", id="r2")
+        for i, n in ((0, 3), (1, 2)):  # shapes differ: the model's own error response
+            failing.inputs.add(name=f"INPUT{i}", datatype="FP32", shape=[n])
+            failing.raw_input_contents.append(np.zeros(n, np.float32).tobytes())
+        replies = list(call(iter([unknown, failing]), timeout=30))
+    refused, failed = replies
+    assert refused.error_message == "Request for unknown model: 'nope' is not found"
+    assert refused.infer_response.id == "r1"
+    assert refused.infer_response.model_name == ""
+    assert dict(refused.infer_response.parameters) == {}
+    assert failed.error_message == (
+        "INPUT0 and INPUT1 must have the same shape, got (3,) and (2,)")
+    assert failed.infer_response.id == "r2"
+    assert failed.infer_response.model_name == "add_sub"
+    assert failed.infer_response.parameters["triton_final_response"].bool_param

@@ -272,6 +272,22 @@ def test_generate_and_generate_stream(server: Any) -> None:
         400, "The schema can not convert input 'N' to tensor with proper shape")
 
 
+def test_generate_on_a_decoupled_model(server: Any) -> None:
+    """Triton's ``generate`` takes a decoupled model that sends exactly one response; for
+    any other count the status is the first response's (200) and the body Triton's error."""
+    path = "/v2/models/decoupled_repeat/generate"
+    status, headers, data = raw(server.http_url, "POST", path, json.dumps({"N": 1}).encode())
+    assert status == 200
+    assert headers["content-type"] == "application/json"
+    assert json.loads(data) == {"model_name": "decoupled_repeat", "model_version": "1",
+                                "OUT": 0}
+    not_one = ("generate expects model to produce exactly 1 response, use generate stream "
+               "for model that generates various number of responses")
+    for n in (3, 0):  # three responses; only the final flag
+        status, _, data = raw(server.http_url, "POST", path, json.dumps({"N": n}).encode())
+        assert (status, json.loads(data)) == (200, {"error": not_one})
+
+
 def test_strict_model_config_refuses_a_model_without_config(triton_server: Any) -> None:
     import tritonclient.http as httpclient
 

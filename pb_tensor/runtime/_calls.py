@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
 
-from pb_tensor.runtime._tracker import Cancellation, Reply, cancelled_error
+from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 from pb_tensor.runtime._values import Outputs, outputs_of
 
 __all__ = ["BlsResponses", "InferFuture", "ResponseStream", "start", "stream_outputs"]
@@ -90,14 +90,17 @@ def start(future: InferFuture, call: Callable[[], Outputs], name: str) -> None:
 def stream_outputs(replies: Iterator[Reply], decoupled: bool) -> Generator[Outputs, None, None]:
     """The outputs of each response among ``replies`` (one request's); an error reply
     raises. A non-decoupled request has one response: what follows it (an error of a second
-    send) is dropped, as Triton's front ends drop it."""
+    send) is dropped, as Triton's front ends drop it. Each response's ``final`` says whether
+    it carried the final flag."""
     __tracebackhide__ = True
     try:
         for reply in replies:
             if reply.error is not None:
                 raise reply.error
             if reply.has_response:
-                yield outputs_of(reply)
+                outputs = outputs_of(reply)
+                outputs.final = not decoupled or bool(reply.flags & FINAL)
+                yield outputs
                 if not decoupled:
                     for _ in replies:
                         pass

@@ -41,13 +41,19 @@ class Outputs(dict[str, npt.NDArray[Any]]):
     """A response's outputs by name: numpy arrays (zero-copy views of the response's memory;
     BYTES outputs are ``object`` arrays of ``bytes``). ``parameters`` holds the response
     parameters the model set (``InferenceResponse(..., parameters={...})``): a dict of
-    ``str`` to ``bool``/``int``/``str``, empty when it set none."""
+    ``str`` to ``bool``/``int``/``str``, empty when it set none. ``final`` says whether this
+    response carried the final flag (``TRITONSERVER_RESPONSE_COMPLETE_FINAL``): always True
+    for a non-decoupled model's response; for a decoupled model's responses, True only on the
+    one sent as ``response_sender.send(response, flags=FINAL)`` (a model that ends with a
+    flags-only ``send(flags=FINAL)`` gives no response carrying it). Triton's gRPC front end
+    reports it as the ``triton_final_response`` parameter."""
 
-    __slots__ = ("parameters",)
+    __slots__ = ("final", "parameters")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.parameters: dict[str, ParameterValue] = {}
+        self.final = True
 
 
 def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:

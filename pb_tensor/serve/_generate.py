@@ -17,7 +17,7 @@ import numpy as np
 
 from pb_tensor.runtime import InferenceError, LoadedModel
 from pb_tensor.serve._core import Core, inference_error
-from pb_tensor.serve._errors import UNSUPPORTED, ServeError
+from pb_tensor.serve._errors import ServeError, http_status
 from pb_tensor.serve._http_infer import parse_json
 from pb_tensor.serve._tensors import from_json
 
@@ -98,8 +98,8 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
                          "object")
     inputs, parameters = _inputs(model, request)
     if not streaming and model.decoupled:
-        raise ServeError("generate for a model with decoupled transaction policy is not "
-                         "supported by pb-tensor serve: use generate_stream", UNSUPPORTED)
+        await _generate_once(core, model, inputs, parameters, receive, send)
+        return
     if not model.decoupled:  # one response
         outputs = await core.infer(model, inputs, None, parameters, "", 0, 0)
         text = json.dumps(_render(model, outputs))
@@ -163,6 +163,59 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
         await send({"type": "http.response.body", "body": b""})
     finally:
         watcher.cancel()
+
+
+_NOT_ONE = ("generate expects model to produce exactly 1 response, use generate stream for "
+            "model that generates various number of responses")
+
+
+async def _generate_once(core: Core, model: LoadedModel, inputs: dict[str, Any],
+                         parameters: dict[str, Any], receive: Receive, send: Send) -> None:
+    """``generate`` on a decoupled model, as Triton answers it: the status of the first
+    response (200 when the model sent only a final flag), and its body when the model sent
+    exactly one response, else Triton's error for the count."""
+    stream = core.stream(model, inputs, None, parameters, "", 0, 0)
+
+    def run() -> list[dict[str, Any] | ServeError]:
+        entries: list[dict[str, Any] | ServeError] = []
+        try:
+            for outputs in stream:
+                try:
+                    entries.append(_render(model, outputs))
+                except ServeError as exc:
+                    entries.append(exc)
+        except InferenceError as exc:
+            entries.append(inference_error(exc))
+        finally:
+            core.done(model)
+        return entries
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(loop.run_in_executor(None, run))
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():  # the client went away: cancel the request
+        stream.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return
+    entries = task.result()
+    first = entries[0] if entries else None
+    status = http_status(first.code) if isinstance(first, ServeError) else 200
+    if len(entries) != 1:
+        text = json.dumps({"error": _NOT_ONE})
+    elif isinstance(first, ServeError):
+        text = json.dumps({"error": first.message})
+    else:
+        text = json.dumps(first)
+    await _send_all(send, status, [text.encode()], b"application/json")
 
 
 async def _send_all(send: Send, status: int, parts: list[bytes], ctype: bytes) -> None:

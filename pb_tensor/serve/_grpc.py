@@ -118,7 +118,7 @@ class _Service:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
         streams: set[Any] = set()
-        state = {"active": 1}
+        state: dict[str, Any] = {"active": 1, "tail": None}
 
         def put(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -127,7 +127,7 @@ class _Service:
             try:
                 async for request in requests:
                     state["active"] += 1
-                    self._start_stream(request, put, done, streams)
+                    self._start_stream(request, put, done, streams, state)
             finally:
                 queue.put_nowait(done)
 
@@ -146,30 +146,48 @@ class _Service:
             for stream in list(streams):  # the client went away: cancel what still runs
                 stream.cancel()
 
-    def _start_stream(self, request: Any, put: Any, done: object, streams: set[Any]) -> None:
-        def error(message: str) -> Any:
-            response = _M("ModelInferResponse")(
-                model_name=request.model_name, model_version=request.model_version,
-                id=request.id,
-            )  # fmt: skip
-            response.parameters["triton_final_response"].bool_param = True
+    def _start_stream(self, request: Any, put: Any, done: object, streams: set[Any],
+                      state: dict[str, Any]) -> None:
+        def error(message: str, refused: bool = False) -> Any:
+            # As Triton's stream handler: a request refused before it ran gets an error
+            # with only its id; one that failed running also names the model and carries
+            # the final flag.
+            response = _M("ModelInferResponse")(id=request.id)
+            if not refused:
+                response.model_name = request.model_name
+                response.model_version = request.model_version
+                response.parameters["triton_final_response"].bool_param = True
             return _M("ModelStreamInferResponse")(error_message=message,
                                                   infer_response=response)
 
+        def in_order() -> tuple[Any, asyncio.Future[None]]:
+            # As Triton's stream handler queues the states of non-decoupled requests (and of
+            # requests refused before they ran): their responses go out in request order.
+            previous = state["tail"]
+            mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            state["tail"] = mine
+            return previous, mine
+
+        model = None
         try:
             model = self.core.model(request.model_name, request.model_version)
             parsed = Request(request, stream=True, writable=self.core.options.in_process,
                               regions=self.core.regions)
             if not model.decoupled:  # one response: run it as ModelInfer runs it
-                self._start_single(request, model, parsed, put, done, error, streams)
+                self._start_single(request, model, parsed, put, done, error, streams,
+                                   in_order())
                 return
             stream = self.core.stream(
                 model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
                 parsed.correlation_id, parsed.flags,
             )  # fmt: skip
         except ServeError as exc:
-            put(error(exc.message))
-            put(done)
+            if model is not None and model.decoupled:
+                put(error(exc.message, refused=True))
+                put(done)
+            else:
+                self._put_in_order(in_order(), [error(exc.message, refused=True), done], put,
+                                   streams)
             return
         streams.add(stream)
         decoupled = model.decoupled
@@ -177,13 +195,17 @@ class _Service:
         def run() -> None:
             from pb_tensor.runtime import InferenceError
 
+            # As Triton's stream handler: each response carries its final flag; a flags-only
+            # final is sent (empty) only when the request enabled it.
+            final = False
             try:
                 for outputs in stream:
                     response = response_of(request, model.version, outputs, parsed,
                                            self.core.regions)
-                    response.parameters["triton_final_response"].bool_param = not decoupled
+                    final = outputs.final
+                    response.parameters["triton_final_response"].bool_param = final
                     put(_M("ModelStreamInferResponse")(infer_response=response))
-                if decoupled and parsed.empty_final:
+                if decoupled and parsed.empty_final and not final:
                     response = _M("ModelInferResponse")(
                         model_name=request.model_name, model_version=str(model.version),
                         id=request.id,
@@ -216,25 +238,53 @@ class _Service:
         return response
 
     def _start_single(self, request: Any, model: Any, parsed: Request, put: Any,
-                      done: object, error: Any, pending: set[Any]) -> None:
+                      done: object, error: Any, pending: set[Any],
+                      order: tuple[Any, asyncio.Future[None]]) -> None:
+        previous, mine = order
+
         async def run() -> None:
             try:
-                outputs = await self.core.infer(
-                    model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
-                    parsed.correlation_id, parsed.flags,
-                )  # fmt: skip
-                response = response_of(request, model.version, outputs, parsed,
+                try:
+                    outputs = await self.core.infer(
+                        model, parsed.inputs, parsed.requested, parsed.parameters,
+                        request.id, parsed.correlation_id, parsed.flags,
+                    )  # fmt: skip
+                    response = response_of(request, model.version, outputs, parsed,
                                            self.core.regions)
-                response.parameters["triton_final_response"].bool_param = True
-                put(_M("ModelStreamInferResponse")(infer_response=response))
-            except ServeError as exc:
-                put(error(exc.message))
+                    response.parameters["triton_final_response"].bool_param = True
+                    reply = _M("ModelStreamInferResponse")(infer_response=response)
+                except ServeError as exc:
+                    reply = error(exc.message)
+                if previous is not None:
+                    await asyncio.shield(previous)
+                put(reply)
             finally:
                 pending.discard(task)
                 put(done)
+                if not mine.done():
+                    mine.set_result(None)
 
         task = asyncio.ensure_future(run())
         pending.add(task)  # cancelled with the stream
+
+    @staticmethod
+    def _put_in_order(order: tuple[Any, asyncio.Future[None]], items: list[Any], put: Any,
+                      pending: set[Any]) -> None:
+        previous, mine = order
+
+        async def run() -> None:
+            try:
+                if previous is not None:
+                    await asyncio.shield(previous)
+                for item in items:
+                    put(item)
+            finally:
+                pending.discard(task)
+                if not mine.done():
+                    mine.set_result(None)
+
+        task = asyncio.ensure_future(run())
+        pending.add(task)
 
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
         try:

@@ -378,19 +378,22 @@ async def _body(scope: Scope, receive: Receive, limit: int) -> bytearray:
                 f"request JSON size of {int(value)} bytes exceeds the maximum allowed input "
                 f"size of {limit} bytes. Use --http-max-input-size to increase the limit."
             )
-    body = bytearray()
+    body: bytearray | None = None
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _Disconnected
         chunk = message.get("body", b"")
-        if len(body) + len(chunk) > limit:
+        size = len(chunk) + (len(body) if body is not None else 0)
+        if size > limit:
             raise ServeError(
-                f"request JSON size of {len(body) + len(chunk)} bytes exceeds the maximum "
-                f"allowed input size of {limit} bytes. Use --http-max-input-size to increase "
-                "the limit."
+                f"request JSON size of {size} bytes exceeds the maximum allowed input size "
+                f"of {limit} bytes. Use --http-max-input-size to increase the limit."
             )
-        body += chunk
+        if body is None:  # the server's own buffer (pb-tensor's protocol) is taken as is
+            body = chunk if type(chunk) is bytearray else bytearray(chunk)
+        else:
+            body += chunk
         if not message.get("more_body", False):
             return body
 

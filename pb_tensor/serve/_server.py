@@ -131,6 +131,7 @@ class Server:
 
         from pb_tensor.serve._http import HttpApp
         from pb_tensor.serve._metrics import MetricsApp
+        from pb_tensor.serve._protocol import protocol_class
 
         sockets = []
         if self.options.allow_http:
@@ -151,8 +152,9 @@ class Server:
                 await http_app(scope, receive, send)
 
         loop = "uvloop" if _has("uvloop") else "asyncio"
+        protocol = protocol_class(self.options.max_input_size) if _has("httptools") else "h11"
         config = uvicorn.Config(
-            app, loop=loop, http="httptools" if _has("httptools") else "h11",
+            app, loop=loop, http=protocol,
             lifespan="off", log_level="warning", access_log=False,
             timeout_graceful_shutdown=30, timeout_keep_alive=60,
         )  # fmt: skip
