@@ -225,7 +225,8 @@ def normalize(config: Any, model_name: str) -> None:
 
 def normalize_instance_groups(config: Any, gpu_count: Callable[[], int] | None = None) -> None:
     """Triton's instance-group defaults and checks (after ``auto_complete_config``): one
-    group named ``<model>_0`` when none is given, group names ``<model>_<i>``, count 1,
+    group named ``<model>`` when none is given (its instance is ``<model>_0``), unnamed
+    groups ``<model>_<i>`` (``i`` the group's index), count 1,
     ``KIND_AUTO`` resolved to GPU when GPUs are listed (else CPU), a ``KIND_GPU`` group
     without GPUs given every visible one. ``gpu_count`` counts the visible GPUs (asked only
     for a ``KIND_GPU`` group; default: none visible).
@@ -236,7 +237,7 @@ def normalize_instance_groups(config: Any, gpu_count: Callable[[], int] | None =
             group.
     """
     if not config.instance_group:
-        config.instance_group.add()
+        config.instance_group.add().name = config.name
     kinds = config.instance_group[0].DESCRIPTOR.enum_types_by_name["Kind"].values_by_name
     visible: int | None = None
     for i, group in enumerate(config.instance_group):
