@@ -6,21 +6,29 @@ assertions of the upstream test that drives each:
   trial): ``ensemble_io`` over three copies of ``dlpack_io_identity`` (the later two call
   the first through BLS), with the one combination of ``GPU_OUTPUT`` flags a CPU runs
   (every model's output on the host); the combinations that move a tensor to a GPU need
-  CUDA and are skipped without one.
+  CUDA and are skipped without one;
+* ``qa/L0_simple_ensemble`` (``ensemble_backpressure_test.py``, ``test.sh``' layouts, ``sed``s
+  and heredocs): ``EnsembleStepMaxQueueSizeTest`` (``decoupled_producer`` and
+  ``ground_truth`` as ``slow_consumer``, a ``max_queue_size`` on either step) and
+  ``EnsembleParallelFailedEnqueueTest`` (a producer fanning out to a queue-limited and a
+  fast ``ground_truth``, joined by ``join_add_sub``): every response of a decoupled step
+  sends the next step its request at once, so a step's queue fills as in Triton.
 """
 
 from __future__ import annotations
 
 import itertools
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, repository
+from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, UPSTREAM, repository
 
-from pb_tensor.runtime import ModelRepository
+from pb_tensor.runtime import InferenceError, ModelRepository
 
 pytest.importorskip("google.protobuf")
 
@@ -46,7 +54,8 @@ def test_upstream_ensemble_io(tmp_path: Path, isolated: bool) -> None:
     # sed into each config) and ensemble_io; io_test.py's _run_ensemble_test("ensemble_io").
     pytest.importorskip("torch")
     names = [f"dlpack_io_identity_{i}" for i in (1, 2, 3)]
-    root = repository(tmp_path / "models", dict.fromkeys(names, PYTHON_MODELS / "dlpack_io_identity"),
+    source = PYTHON_MODELS / "dlpack_io_identity"
+    root = repository(tmp_path / "models", dict.fromkeys(names, source),
                       config_edit={n: _sed_name(n) for n in names})  # fmt: skip
     (root / "ensemble_io" / "1").mkdir(parents=True)
     shutil.copy(PYTHON_MODELS / "ensemble_io" / "config.pbtxt", root / "ensemble_io")
@@ -66,3 +75,200 @@ def test_upstream_ensemble_io(tmp_path: Path, isolated: bool) -> None:
             output0 = result["OUTPUT0"]
             assert output0 is not None
             assert np.all(output0 == input0)
+
+
+# -- qa/L0_simple_ensemble: max_queue_size on a step (ensemble_backpressure_test.py) -------------
+L0_SIMPLE_ENSEMBLE = UPSTREAM / "server" / "qa" / "L0_simple_ensemble"
+BACKPRESSURE_MODELS = L0_SIMPLE_ENSEMBLE / "backpressure_test_models"
+EXPECTED_INFER_OUTPUT = 0.5
+QUEUE_LIMIT = """dynamic_batching {
+  preferred_batch_size: [ 1 ]
+  default_queue_policy {
+    max_queue_size: %d
+  }
+}
+"""
+
+
+def _sub(old: str, new: str) -> Callable[[str], str]:
+    """test.sh's ``sed -i 's/<old>/<new>/g'``"""
+    return lambda text: text.replace(old, new)
+
+
+def _then(*edits: Callable[[str], str]) -> Callable[[str], str]:
+    def edit(text: str) -> str:
+        for e in edits:
+            text = e(text)
+        return text
+
+    return edit
+
+
+def _append(extra: str) -> Callable[[str], str]:
+    """test.sh's ``cat >> config.pbtxt << 'EOF'``"""
+    return lambda text: text + extra
+
+
+def _consumer_edit(name: str, queue: int | None) -> Callable[[str], str]:
+    # sed 's/name: "ground_truth"/name: "<name>"/g'; sed 's/max_batch_size: 64/max_batch_size: 1/g'
+    edits = [_sub('name: "ground_truth"', f'name: "{name}"'),
+             _sub("max_batch_size: 64", "max_batch_size: 1")]  # fmt: skip
+    if queue is not None:
+        edits.append(_append(QUEUE_LIMIT % queue))
+    return _then(*edits)
+
+
+@pytest.fixture(scope="module")
+def max_queue_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # test.sh's MAX_QUEUE_SIZE_TEST_MODEL_DIR, laid out as it lays it out.
+    producer = BACKPRESSURE_MODELS / "decoupled_producer"
+    root = repository(tmp_path_factory.mktemp("max_queue") / "models", {
+        "decoupled_producer": producer,
+        "decoupled_producer_enabled_max_queue_size": producer,
+        "slow_consumer": PYTHON_MODELS / "ground_truth",
+        "slow_consumer_enabled_max_queue_size": PYTHON_MODELS / "ground_truth",
+    }, config_edit={
+        "decoupled_producer_enabled_max_queue_size": _then(
+            _sub('name: "decoupled_producer"', 'name: "decoupled_producer_enabled_max_queue_size"'),
+            _append(QUEUE_LIMIT % 4)),
+        "slow_consumer": _consumer_edit("slow_consumer", None),
+        "slow_consumer_enabled_max_queue_size": _consumer_edit(
+            "slow_consumer_enabled_max_queue_size", 4),
+    })  # fmt: skip
+    ensemble = BACKPRESSURE_MODELS / "ensemble_disabled_max_inflight_requests" / "config.pbtxt"
+    for name, edit in (
+        ("ensemble_step1_enabled_max_queue_size",
+         _sub('"decoupled_producer"', '"decoupled_producer_enabled_max_queue_size"')),
+        ("ensemble_step2_enabled_max_queue_size",
+         _sub('"slow_consumer"', '"slow_consumer_enabled_max_queue_size"')),
+    ):  # fmt: skip
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(edit(ensemble.read_text()))
+    return root
+
+
+def _collect(stream: Iterator[dict[str, Any]]) -> tuple[list[InferenceError], list[dict[str, Any]]]:
+    """collect_responses: the responses with data until the stream ends, and its error."""
+    errors: list[InferenceError] = []
+    responses: list[dict[str, Any]] = []
+    try:
+        for response in stream:
+            if response:
+                responses.append(response)
+    except InferenceError as e:
+        errors.append(e)
+    return errors, responses
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_upstream_step2_max_queue_size(max_queue_repo: Path, isolated: bool) -> None:
+    # EnsembleStepMaxQueueSizeTest.test_step2_max_queue_size: one streaming request whose
+    # producer sends 32 responses; the slow step's queue (4) fills; the stream ends with one
+    # "Exceeds maximum queue size" error after fewer than 32 responses.
+    expected_responses_count = 32
+    with ModelRepository(max_queue_repo) as repo:
+        repo.load("decoupled_producer", isolated=isolated)
+        repo.load("slow_consumer_enabled_max_queue_size", isolated=isolated)
+        model = repo.load("ensemble_step2_enabled_max_queue_size", isolated=isolated)
+        errors, responses = _collect(model.stream(
+            {"IN": np.array([expected_responses_count], dtype=np.int32)},
+            requested_outputs=["OUT"]))  # fmt: skip
+    assert len(responses) >= 0
+    assert len(responses) < expected_responses_count
+    assert len(errors) == 1
+    for resp in responses:
+        assert resp["OUT"][0] == pytest.approx(EXPECTED_INFER_OUTPUT, abs=1e-5)
+    assert "Exceeds maximum queue size" in str(errors[0])
+
+
+def _one_request(model: Any, expected_responses_count: int) -> tuple[int, int]:
+    """_run_concurrent_inference: one streaming request that either completes with all its
+    responses or fails with one "Exceeds maximum queue size" error."""
+    errors, responses = _collect(
+        model.stream(
+            {"IN": np.array([expected_responses_count], dtype=np.int32)}, requested_outputs=["OUT"]
+        )
+    )
+    total = len(responses) + len(errors)
+    assert total == expected_responses_count
+    if len(errors) > 0:
+        assert len(responses) == 0
+        assert len(errors) == 1
+        assert "Exceeds maximum queue size" in str(errors[0])
+        return (0, 1)
+    assert len(responses) == expected_responses_count
+    for resp in responses:
+        assert resp["OUT"][0] == pytest.approx(EXPECTED_INFER_OUTPUT, abs=1e-5)
+    return (expected_responses_count, 0)
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_upstream_step1_max_queue_size(max_queue_repo: Path, isolated: bool) -> None:
+    # EnsembleStepMaxQueueSizeTest.test_step1_max_queue_size: 32 concurrent ensemble requests
+    # of one response each; the producer step's queue (4) refuses some of them.
+    num_requests = 32
+    with ModelRepository(max_queue_repo) as repo:
+        repo.load("decoupled_producer_enabled_max_queue_size", isolated=isolated)
+        repo.load("slow_consumer", isolated=isolated)
+        model = repo.load("ensemble_step1_enabled_max_queue_size", isolated=isolated)
+        with ThreadPoolExecutor(num_requests) as pool:
+            results = list(pool.map(lambda _: _one_request(model, 1), range(num_requests)))
+    total_successes = sum(r[0] for r in results)
+    total_errors = sum(r[1] for r in results)
+    assert total_successes + total_errors == num_requests
+    assert total_errors > 0
+    assert total_successes > 0
+
+
+def _heredoc(script: Path, target: str) -> str:
+    """The text a ``cat > <target> << 'EOF'`` of ``script`` writes."""
+    lines = script.read_text().split("\n")
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith("cat > ") and line.split()[2].endswith(target))  # fmt: skip
+    end = lines.index("EOF", start)
+    return "\n".join(lines[start + 1 : end]) + "\n"
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_upstream_parallel_step_failed_enqueue(tmp_path: Path, isolated: bool) -> None:
+    # EnsembleParallelFailedEnqueueTest.test_parallel_step_failed_enqueue with test.sh's
+    # PARALLEL_FAILED_ENQUEUE_MODEL_DIR: the producer's responses fan out to a slow step
+    # whose queue holds 1 and a fast one; join_add_sub adds both. The slow branch's queue
+    # fills: fewer than 32 responses (each 2.0 + 2.0), then exactly one queue-full error.
+    root = repository(tmp_path / "models", {
+        "decoupled_producer_parallel_queue": BACKPRESSURE_MODELS / "decoupled_producer",
+        "slow_consumer_queue_limited": PYTHON_MODELS / "ground_truth",
+        "fast_consumer": PYTHON_MODELS / "ground_truth",
+        "join_add_sub": PYTHON_MODELS / "join_add_sub",
+    }, config_edit={
+        "decoupled_producer_parallel_queue": _sub(
+            'name: "decoupled_producer"', 'name: "decoupled_producer_parallel_queue"'),
+        "slow_consumer_queue_limited": _then(
+            _consumer_edit("slow_consumer_queue_limited", None), _append(QUEUE_LIMIT % 1)),
+        "fast_consumer": _consumer_edit("fast_consumer", None),
+    })  # fmt: skip
+    for name, old, new in (
+        ("decoupled_producer_parallel_queue", "0.5", "2.0"),
+        ("fast_consumer", "time.sleep(delay)", "time.sleep(0)"),
+    ):
+        path = root / name / "1" / "model.py"
+        path.write_text(path.read_text().replace(old, new))
+    name = "ensemble_parallel_step_failed_enqueue"
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(
+        _heredoc(L0_SIMPLE_ENSEMBLE / "test.sh", f"/{name}/config.pbtxt")
+    )
+    expected_responses_count = 32
+    with ModelRepository(root) as repo:
+        for step in ("decoupled_producer_parallel_queue", "slow_consumer_queue_limited",
+                     "fast_consumer", "join_add_sub"):  # fmt: skip
+            repo.load(step, isolated=isolated)
+        model = repo.load(name, isolated=isolated)
+        errors, responses = _collect(model.stream(
+            {"IN": np.array([expected_responses_count], dtype=np.int32)},
+            requested_outputs=["OUT"]))  # fmt: skip
+    assert len(responses) < expected_responses_count
+    assert len(errors) == 1
+    assert "Exceeds maximum queue size" in str(errors[0])
+    for resp in responses:
+        assert float(np.squeeze(resp["OUT"])) == pytest.approx(4.0, abs=1e-5)
