@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, UPSTREAM, repository
 
-from pb_tensor.runtime import InferenceError, ModelRepository
+from pb_tensor.runtime import InferenceError, ModelLoadError, ModelRepository
 
 pytest.importorskip("google.protobuf")
 
@@ -318,3 +318,25 @@ def test_upstream_model_reload(tmp_path: Path, isolated: bool) -> None:
             repo.control("unload_model", (model_name, False), isolated)
             assert not is_model_ready(model_name)
             assert not is_model_ready(ensemble_model_name)
+
+
+@pytest.mark.parametrize(("name", "value", "expected"), [
+    ("ensemble_invalid_negative_limit", "-5", "Expected integer, got: -"),
+    ("ensemble_invalid_string_limit", '"invalid_value"', 'Expected integer, got: "invalid_value"'),
+    ("ensemble_invalid_large_value_limit", "12345678901", "Integer out of range (12345678901)"),
+])  # fmt: skip
+def test_upstream_invalid_max_inflight_requests(
+    max_queue_repo: Path, tmp_path: Path, name: str, value: str, expected: str
+) -> None:
+    # L0_simple_ensemble/test.sh, "Test invalid values for 'max_inflight_requests'": the
+    # sed into the ensemble's configuration; the load fails with the text its grep expects.
+    root = tmp_path / "models"
+    for step in ("decoupled_producer", "slow_consumer"):
+        shutil.copytree(max_queue_repo / step, root / step)
+    config = (BACKPRESSURE_MODELS / "ensemble_disabled_max_inflight_requests" / "config.pbtxt")
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(config.read_text().replace(
+        "ensemble_scheduling {", f"ensemble_scheduling {{\n  max_inflight_requests: {value}"))
+    with ModelRepository(root) as repo, pytest.raises(ModelLoadError) as info:
+        repo.load(name)
+    assert expected in str(info.value)

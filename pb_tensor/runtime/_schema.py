@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -89,8 +90,31 @@ def parse_config_file(path: str) -> Any:
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise ConfigError(f"failed to read text proto from {path}: {exc}") from None
+        raise ConfigError(f"failed to read text proto from {path}: {_cpp_text(exc)}") from None
     return config
+
+
+_INTEGER_ERROR = re.compile(
+    r"^(\d+):(\d+) : '.*': (?:Couldn't parse integer: (?P<bad>.*)|Value out of range: (?P<v>.*))$"
+)
+
+
+def _cpp_text(exc: text_format.ParseError) -> str:
+    """Protobuf's C++ text for the integer errors Triton's parser reports (``Expected
+    integer, got: -`` for a negative value of an unsigned field, ``Expected integer, got:
+    "x"``, ``Integer out of range (N)``); any other error as Python's protobuf words it."""
+    text = str(exc)
+    found = _INTEGER_ERROR.match(text)
+    if found is None:
+        return text
+    bad, value = found.group("bad"), found.group("v")
+    if bad is not None:
+        detail = f"Expected integer, got: {bad}"
+    elif value.startswith("-") and value[1:].isdigit() and int(value[1:]) <= 2**31:
+        detail = "Expected integer, got: -"  # a signed 32-bit field would have parsed it
+    else:
+        detail = f"Integer out of range ({value.removeprefix('-')})"
+    return f"Error parsing text-format inference.ModelConfig: {found[1]}:{found[2]}: {detail}"
 
 
 # Triton's ModelConfigToJson turns these 64-bit fields back into numbers (protobuf's JSON
