@@ -260,8 +260,10 @@ def test_malformed_config(repo: tuple[ModelRepository, bool], repo_dir: Path) ->
     with pytest.raises(ModelLoadError) as info:
         _load(repo, "bad_config")
     path = repo_dir / "bad_config" / "config.pbtxt"
-    assert str(info.value).startswith(
-        f"failed to load model 'bad_config': failed to read text proto from {path}: 2:"
+    # protobuf's C++ parser's words, as Triton reports them
+    assert str(info.value) == (
+        f"failed to load model 'bad_config': failed to read text proto from {path}: "
+        'Error parsing text-format inference.ModelConfig: 2:17: Expected integer, got: "x"'
     )
 
 
