@@ -15,7 +15,11 @@ assertions of the upstream test that drives each:
   sends the next step its request at once, so a step's queue fills as in Triton;
 * ``qa/L0_backend_python/model_control`` (``model_control_test.py``' ``test_model_reload``):
   ``identity_fp32`` and the ensemble ``simple_identity_fp32`` loaded, run and unloaded five
-  times through the runtime's model control.
+  times through the runtime's model control;
+* ``qa/L0_model_config`` (``test.sh``, ``compare_status.py``): the 12 Python cases of
+  ``autofill_noplatform_success``, each loaded and compared with its expected configuration
+  (11 expect a GPU server's default group, ``KIND_GPU`` on GPU 0: compared with that group
+  as a server without GPUs completes it).
 """
 
 from __future__ import annotations
@@ -340,3 +344,55 @@ def test_upstream_invalid_max_inflight_requests(
     with ModelRepository(root) as repo, pytest.raises(ModelLoadError) as info:
         repo.load(name)
     assert expected in str(info.value)
+
+
+# -- qa/L0_model_config: autofill_noplatform_success/python (compare_status.py) ---------------
+PYTHON_SUCCESS = (
+    UPSTREAM / "server" / "qa" / "L0_model_config" / "autofill_noplatform_success" / "python"
+)
+# test.sh copies qa/python_models/auto_complete/model.py into these; the others carry their own.
+AUTO_COMPLETE_MODEL = ("incomplete_output", "unknown_input", "unknown_output", "empty_config")
+
+
+def _lay_out_success(target: str, root: Path) -> Path:
+    """test.sh's copies: a model's model.py (or auto_complete's) into its version folder;
+    a folder of models (an ensemble and its steps) is the repository."""
+    shutil.copytree(PYTHON_SUCCESS / target, root / target)
+    if (root / target / "config.pbtxt").is_file():
+        (root / target / "1").mkdir()
+        own = PYTHON_MODELS / "auto_complete" if target in AUTO_COMPLETE_MODEL else root / target
+        shutil.copy(own / "model.py", root / target / "1" / "model.py")
+        return root
+    for folder in (root / target).iterdir():
+        (folder / "1").mkdir()
+        shutil.copy(folder / "model.py", folder / "1" / "model.py")
+    return root / target
+
+
+def _as_cpu_server(config: Any) -> Any:
+    """A GPU server's expected configuration as a server without GPUs completes it: the
+    default instance group ``KIND_CPU`` without ``gpus`` (everything else unchanged)."""
+    for group in config.instance_group:
+        group.kind = group.DESCRIPTOR.enum_types_by_name["Kind"].values_by_name["KIND_CPU"].number
+        del group.gpus[:]
+    return config
+
+
+@pytest.mark.parametrize("target", sorted(p.name for p in PYTHON_SUCCESS.iterdir()))
+def test_l0_model_config_python_successes(tmp_path: Path, target: str) -> None:
+    # compare_status.py: the loaded configuration equals one of the expected files. All but
+    # conflicting_scheduler_ensemble expect a GPU server's default instance group (KIND_GPU,
+    # gpus: 0): compared here with that group as a server without GPUs completes it (its
+    # name, <model>, and count as expected).
+    from google.protobuf import text_format
+
+    from pb_tensor.runtime import _schema
+
+    root = _lay_out_success(target, tmp_path)
+    with ModelRepository(root) as repo:
+        model = repo.load(target, isolated=False)
+        got = _schema.config_from_dict(model.config, where=target)
+        expecteds = sorted((root / target).glob("expected*"))
+        assert expecteds
+        parsed = [text_format.Parse(e.read_text(), _schema.new_config()) for e in expecteds]
+        assert any(_as_cpu_server(e) == got for e in parsed), model.config
