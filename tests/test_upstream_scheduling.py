@@ -13,6 +13,8 @@ assertions of the upstream test that drives each:
   ``EnsembleParallelFailedEnqueueTest`` (a producer fanning out to a queue-limited and a
   fast ``ground_truth``, joined by ``join_add_sub``): every response of a decoupled step
   sends the next step its request at once, so a step's queue fills as in Triton;
+  ``EnsembleBackpressureTest``'s cancellation case (its other cases stream for minutes) and
+  the invalid ``max_inflight_requests`` values;
 * ``qa/L0_backend_python/model_control`` (``model_control_test.py``' ``test_model_reload``):
   ``identity_fp32`` and the ensemble ``simple_identity_fp32`` loaded, run and unloaded five
   times through the runtime's model control;
@@ -36,6 +38,7 @@ import pytest
 from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, UPSTREAM, repository
 
 from pb_tensor.runtime import InferenceError, ModelLoadError, ModelRepository
+from pb_tensor.utils import TritonError
 
 pytest.importorskip("google.protobuf")
 
@@ -231,7 +234,8 @@ def _heredoc(script: Path, target: str) -> str:
     """The text a ``cat > <target> << 'EOF'`` of ``script`` writes."""
     lines = script.read_text().split("\n")
     start = next(i for i, line in enumerate(lines)
-                 if line.startswith("cat > ") and line.split()[2].endswith(target))  # fmt: skip
+                 if line.lstrip().startswith("cat > ")
+                 and line.split()[2].endswith(target))  # fmt: skip
     end = lines.index("EOF", start)
     return "\n".join(lines[start + 1 : end]) + "\n"
 
@@ -279,6 +283,59 @@ def test_upstream_parallel_step_failed_enqueue(tmp_path: Path, isolated: bool) -
     assert "Exceeds maximum queue size" in str(errors[0])
     for resp in responses:
         assert float(np.squeeze(resp["OUT"])) == pytest.approx(4.0, abs=1e-5)
+
+
+def _backpressure_repo(root: Path) -> Path:
+    """test.sh's ENSEMBLE_BACKPRESSURE_TEST_MODEL_DIR: the producer (max_batch_size 2), its
+    generate_consumer_model and generate_ensemble_model heredocs (shell variables filled)."""
+    script = L0_SIMPLE_ENSEMBLE / "test.sh"
+    repository(root, {"decoupled_producer": BACKPRESSURE_MODELS / "decoupled_producer"},
+               config_edit={"decoupled_producer": _sub("max_batch_size: 1", "max_batch_size: 2")})
+    for name, delay in (("consumer_high_delay", "0.5"), ("consumer_low_delay", "0.1")):
+        (root / name / "1").mkdir(parents=True)
+        for target in ("/1/model.py", "/config.pbtxt"):
+            text = _heredoc(script, "/${name}" + target)
+            if target == "/config.pbtxt" and "platform" in text:
+                continue
+            text = text.replace("${name}", name).replace("${delay}", delay)
+            (root / name / target.lstrip("/")).write_text(text)
+    lines = script.read_text().split("\n")
+    start = lines.index("generate_ensemble_model() {")
+    ensemble = _heredoc_from(lines, start, "/${name}/config.pbtxt")
+    (root / "ensemble_limit_4" / "1").mkdir(parents=True)
+    (root / "ensemble_limit_4" / "config.pbtxt").write_text(
+        ensemble.replace("${name}", "ensemble_limit_4").replace("${batch_size}", "2")
+        .replace("${limit_str}", "max_inflight_requests: 4"))  # fmt: skip
+    return root
+
+
+def _heredoc_from(lines: list[str], first: int, target: str) -> str:
+    start = next(i for i in range(first, len(lines)) if lines[i].lstrip().startswith("cat > ")
+                 and lines[i].split()[2].endswith(target))  # fmt: skip
+    return "\n".join(lines[start + 1 : lines.index("EOF", start)]) + "\n"
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_upstream_request_cancellation_under_backpressure(tmp_path: Path, isolated: bool) -> None:
+    # EnsembleBackpressureTest.test_request_cancellation_under_backpressure: a 32-response
+    # stream through ensemble_limit_4, cancelled after its first response: a CANCELLED
+    # error, and only part of the responses.
+    root = _backpressure_repo(tmp_path / "models")
+    input_value = 32
+    with ModelRepository(root) as repo:
+        for step in ("decoupled_producer", "consumer_high_delay", "consumer_low_delay"):
+            repo.load(step, isolated=isolated)
+        model = repo.load("ensemble_limit_4", isolated=isolated)
+        stream = model.stream({"IN": np.array([[input_value]], dtype=np.int32)},
+                              requested_outputs=["OUT"])  # fmt: skip
+        responses = [next(stream)]
+        stream.cancel()
+        errors, more = _collect(stream)
+    responses += more
+    assert len(errors) == 1
+    assert errors[0].code() == TritonError.CANCELLED
+    assert len(responses) < input_value
+    assert len(responses) > 0
 
 
 # -- qa/L0_backend_python/model_control (model_control_test.py) ----------------------------------
