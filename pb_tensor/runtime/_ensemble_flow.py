@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from pb_tensor import Tensor
@@ -51,6 +51,18 @@ class RunState(Protocol):
 
 
 _Launch = tuple[int, Step, RequestData, int]
+_Detach = Callable[[], None]
+
+
+def _no_detach() -> None:
+    return None
+
+
+def _canceller(cancellation: Cancellation) -> Callable[[], None]:
+    def cancel() -> None:
+        cancellation.cancel()
+
+    return cancel
 
 
 def _queues_at_once(model: Any) -> bool:
@@ -80,7 +92,7 @@ class Flow:
         self._out: queue.SimpleQueue[Reply | None] = queue.SimpleQueue()
         self._active = 0
         # step index -> the replies still to read, in request order (models without batcher)
-        self._waiting: dict[int, list[tuple[_Launch, Iterable[Reply]]]] = {}
+        self._waiting: dict[int, list[tuple[_Launch, Iterable[Reply], _Detach]]] = {}
 
     def replies(self, updated: list[tuple[str, int]]) -> Iterator[Reply]:
         """The ensemble's responses after the request's own tensors ``updated``, until no
@@ -141,25 +153,29 @@ class Flow:
                 self._fail(cancelled_error())
                 return
             index, step, request, _ = launch
+            # The step request's own cancellation, set by the ensemble request's: closing a
+            # step's replies early (after an error) cancels that step only, not the caller.
+            own = Cancellation()
+            detach = _no_detach if self._cancel is None else self._cancel.subscribe(_canceller(own))
             self._enter()
             try:
-                replies = step.model._replies([request], self._timeout, self._cancel,
-                                              self._run.priority)  # fmt: skip
+                replies = step.model._replies([request], self._timeout, own, self._run.priority)
             except BaseException:
+                detach()
                 self._leave()
                 raise
             if isinstance(replies, list):
-                self._read(launch, replies)
+                self._read(launch, replies, detach)
             elif _queues_at_once(step.model):
-                threading.Thread(target=self._read, args=(launch, replies), daemon=True,
+                threading.Thread(target=self._read, args=(launch, replies, detach), daemon=True,
                                  name=f"pb-tensor-ensemble-{step.model.name}").start()  # fmt: skip
             else:
                 with self._lock:
                     waiting = self._waiting.get(index)
                     if waiting is not None:
-                        waiting.append((launch, replies))
+                        waiting.append((launch, replies, detach))
                         continue
-                    self._waiting[index] = [(launch, replies)]
+                    self._waiting[index] = [(launch, replies, detach)]
                 threading.Thread(target=self._serve, args=(index,), daemon=True,
                                  name=f"pb-tensor-ensemble-{step.model.name}").start()  # fmt: skip
 
@@ -171,10 +187,10 @@ class Flow:
                 if not waiting:
                     del self._waiting[index]
                     return
-                launch, replies = waiting.pop(0)
-            self._read(launch, replies)
+                launch, replies, detach = waiting.pop(0)
+            self._read(launch, replies, detach)
 
-    def _read(self, launch: _Launch, replies: Iterable[Reply]) -> None:
+    def _read(self, launch: _Launch, replies: Iterable[Reply], detach: _Detach) -> None:
         """Feed each response of one step request into the run; ends the request's count."""
         try:
             self._consume(launch, replies)
@@ -184,6 +200,7 @@ class Flow:
             close = getattr(replies, "close", None)
             if close is not None:
                 close()
+            detach()
             self._leave()
 
     def _consume(self, launch: _Launch, replies: Iterable[Reply]) -> None:
