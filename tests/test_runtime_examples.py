@@ -197,7 +197,7 @@ def test_bls_error_from_target_is_raised_by_model(load: Loader) -> None:
         model.infer({"INPUT0": np.ones(2, np.float32), "INPUT1": np.ones(3, np.float32)})
     text = info.value.message()
     assert text.startswith(
-        "Failed to process the request(s) for model 'bls_add_sub_0_0', message: "
+        "Failed to process the request(s) for model 'bls_add_sub_0', message: "
         "TritonModelException: INPUT0 and INPUT1 must have the same shape"
     )
 

@@ -253,7 +253,7 @@ def test_senders_after_the_batch_ended(late_repo: Path, isolated: bool) -> None:
             [0], [1], [2]]  # fmt: skip
         assert isinstance(first[3], InferenceError)
         assert first[3].message() == (
-            "Failed to process the request(s) for model 'late_0_0', message: the model "
+            "Failed to process the request(s) for model 'late_0', message: the model "
             "neither returned nor sent a response for the request"
         )
         with pytest.raises(InferenceError) as info:

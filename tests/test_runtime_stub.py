@@ -50,8 +50,8 @@ def test_stub_crash_is_reported_and_restarted(repo_dir: Path, trigger: int, what
         err = _error(model, {"IN": np.array([trigger], dtype=np.int32)})
         # Triton's text, then how the stub ended (os._exit(3) / SIGKILL).
         assert err.message() == (
-            "Failed to process the request(s) for model instance 'crash_0_0', message: Stub "
-            f"process 'crash_0_0' is not healthy. {what}"
+            "Failed to process the request(s) for model instance 'crash_0', message: Stub "
+            f"process 'crash_0' is not healthy. {what}"
         )
         assert err.code() == TritonError.INTERNAL
         assert model.pid is None
@@ -69,8 +69,8 @@ def test_stub_timeout_kills_and_restarts(repo_dir: Path) -> None:
         with pytest.raises(InferenceError) as info:
             model.infer({"IN": np.array([3], np.int32)}, timeout=0.5)
         assert info.value.message() == (
-            "Failed to process the request(s) for model instance 'crash_0_0', message: Stub "
-            "process 'crash_0_0' did not respond within the timeout of 0.5 s and was killed."
+            "Failed to process the request(s) for model instance 'crash_0', message: Stub "
+            "process 'crash_0' did not respond within the timeout of 0.5 s and was killed."
         )
         assert info.value.code() == TritonError.UNAVAILABLE
         assert _gone(first)

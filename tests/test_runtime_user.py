@@ -91,7 +91,7 @@ def test_run_prints_an_execute_error_once(repo: Path) -> None:
     # The traceback holds the model's frames only, as Triton's (whose stub is C++).
     assert r.stderr == (
         "WARNING model 'loud' (model.py:8): careful\n"
-        "error: Failed to process the request(s) for model 'loud_0_0', message: ValueError: "
+        "error: Failed to process the request(s) for model 'loud_0', message: ValueError: "
         f"bad input\n\nAt:\n  {repo / 'loud' / '1' / 'model.py'}(13): execute\n\n"
     ), r.stderr
     code = f"""
@@ -171,8 +171,8 @@ def test_load_errors(tmp_path: Path, repo: Path, caplog: pytest.LogCaptureFixtur
             pytest.raises(InferenceError) as failed:
         model.infer({})
     assert str(failed.value) == (
-        "Failed to process the request(s) for model instance 'crash_0_0', message: Stub "
-        "process 'crash_0_0' is not healthy. It exited with code 3."
+        "Failed to process the request(s) for model instance 'crash_0', message: Stub "
+        "process 'crash_0' is not healthy. It exited with code 3."
     )
     with ModelRepository(repo) as r, r.load("crash") as model:
         pid = model.pid
@@ -182,7 +182,7 @@ def test_load_errors(tmp_path: Path, repo: Path, caplog: pytest.LogCaptureFixtur
             # Bounded: the killed stub is reaped within the readiness check's own wait.
             assert model.is_ready() is False
     assert caplog.messages[-1] == (
-        "readiness check of model 'crash' failed: Stub process 'crash_0_0' is not healthy. "
+        "readiness check of model 'crash' failed: Stub process 'crash_0' is not healthy. "
         "It was killed by signal 9 (SIGKILL)."
     )
 
@@ -203,11 +203,11 @@ def test_check_smoke(repo: Path) -> None:
         "[1/5] add_sub           ok      (T) outputs OUTPUT0 [3], OUTPUT1 [3]",
         "[2/5] bls_add_sub       ok      (T) outputs OUTPUT0 [1], OUTPUT1 [1]",
         "[3/5] crash             FAILED  (T) Failed to process the request(s) for model "
-        "instance 'crash_0_0', message: Stub process 'crash_0_0' is not healthy. It exited "
+        "instance 'crash_0', message: Stub process 'crash_0' is not healthy. It exited "
         "with code 3.",
         "[4/5] decoupled_repeat  ok      (T) 1 response(s)",
         "[5/5] loud              FAILED  (T) Failed to process the request(s) for model "
-        "'loud_0_0', message: ValueError: bad input",
+        "'loud_0', message: ValueError: bad input",
     ]
     assert " " * 26 + f"{path}(13): execute" in out
     at = out.index(" " * 24 + "the model's output:")
@@ -264,7 +264,7 @@ def test_pytest_fixture(tmp_path: Path) -> None:
     out = r.stdout
     assert '>       model.infer({"X": np.ones((1, 1, 3), np.float32), "S": [["a"]]})' in out
     assert "E       pb_tensor.runtime._errors.InferenceError: Failed to process the request(s)" \
-        " for model 'loud_0_0', message: ValueError: bad input" in out
+        " for model 'loud_0', message: ValueError: bad input" in out
     assert f"E         {tests / 'models' / 'loud' / '1' / 'model.py'}(13): execute" in out
     assert "def infer(" not in out
     assert "_model.py" not in out

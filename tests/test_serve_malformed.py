@@ -245,8 +245,8 @@ def test_stub_crash_fails_only_its_request(triton_server: Any, tmp_path: Any) ->
 
     status, _, data = raw(server.http_url, "POST", path, body(-1))
     assert (status, json.loads(data)) == (500, {"error": (
-        "Failed to process the request(s) for model instance 'crashes_0_0', message: Stub "
-        "process 'crashes_0_0' is not healthy. It exited with code 3.")})
+        "Failed to process the request(s) for model instance 'crashes_0', message: Stub "
+        "process 'crashes_0' is not healthy. It exited with code 3.")})
     status, _, data = raw(server.http_url, "POST", path, body(21))  # the stub is restarted
     assert status == 200
     assert json.loads(data)["outputs"][0]["data"] == [42]

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor
+from pb_tensor.runtime._ensemble_flow import Flow
 from pb_tensor.runtime._ensemble_steps import (
     Override,
     Step,
@@ -294,7 +295,7 @@ class EnsembleModel(LoadedModel):
         updated.extend(run.add(n, None, batch_size) for n in self._optional_inputs
                        if n not in given)  # fmt: skip
         held: Reply | None = None
-        for reply in self._advance(run, updated, timeout, cancel):
+        for reply in Flow(run, self._steps, timeout, cancel).replies(updated):
             if self._decoupled:
                 yield reply
             elif held is None:
@@ -315,59 +316,6 @@ class EnsembleModel(LoadedModel):
             yield Reply(0, [], error, "{}", FINAL, False)
             return
         yield Reply(0, [], None, "{}", FINAL, False)
-
-    def _advance(
-        self, run: _Run, updated: list[tuple[str, int]], timeout: float | None,
-        cancel: Cancellation | None,
-    ) -> Iterator[Reply]:
-        response = run.response(updated)
-        if response is not None:
-            yield response
-        for index, iteration in run.ready_steps(updated):
-            if run.error is not None:
-                return
-            yield from self._run_step(run, index, iteration, timeout, cancel)
-
-    def _run_step(
-        self, run: _Run, index: int, iteration: int, timeout: float | None,
-        cancel: Cancellation | None,
-    ) -> Iterator[Reply]:
-        if cancel is not None and cancel.cancelled:
-            run.error = cancelled_error()
-            return
-        step = self._steps[index]
-        values = run.values
-        request, batch_size = step_request(
-            step, lambda name: values[name][iteration], run.pooled, run.data
-        )
-        run.release((t for _, t, _ in step.inputs), iteration)
-        replies = step.model._replies([request], timeout, cancel, run.priority)
-        try:
-            for reply in replies:
-                if reply.error is not None:
-                    run.error = reply.error
-                    return
-                if not reply.has_response:
-                    continue
-                try:
-                    override = sequence_override(reply.parameters, request.correlation_id)
-                except InferenceError as exc:
-                    run.error = exc
-                    return
-                produced = {t.name(): t for t in reply.tensors}
-                if step.pooled_outputs:
-                    run.pooled.update(id(t) for t in reply.tensors)
-                updated = [
-                    run.add(tensor_name, produced.get(output), batch_size, override)
-                    for output, tensor_name in step.outputs.items()
-                ]
-                yield from self._advance(run, updated, timeout, cancel)
-                if run.error is not None:
-                    return
-        finally:
-            close = getattr(replies, "close", None)
-            if close is not None:
-                close()
 
     # -- lifecycle ----------------------------------------------------------------------------
     def is_ready(self) -> bool:

@@ -120,7 +120,8 @@ class LoadedModel:
 
     @property
     def instance_name(self) -> str:
-        """The name Triton gives its first instance (``<model>_0_0``)."""
+        """The name Triton gives its first instance (``<model>_0`` for a model without
+        ``instance_group``, ``<model>_0_0`` for an unnamed first group)."""
         return self._instance_name
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -89,8 +90,31 @@ def parse_config_file(path: str) -> Any:
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
-        raise ConfigError(f"failed to read text proto from {path}: {exc}") from None
+        raise ConfigError(f"failed to read text proto from {path}: {_cpp_text(exc)}") from None
     return config
+
+
+_INTEGER_ERROR = re.compile(
+    r"^(\d+):(\d+) : '.*': (?:Couldn't parse integer: (?P<bad>.*)|Value out of range: (?P<v>.*))$"
+)
+
+
+def _cpp_text(exc: text_format.ParseError) -> str:
+    """Protobuf's C++ text for the integer errors Triton's parser reports (``Expected
+    integer, got: -`` for a negative value of an unsigned field, ``Expected integer, got:
+    "x"``, ``Integer out of range (N)``); any other error as Python's protobuf words it."""
+    text = str(exc)
+    found = _INTEGER_ERROR.match(text)
+    if found is None:
+        return text
+    bad, value = found.group("bad"), found.group("v")
+    if bad is not None:
+        detail = f"Expected integer, got: {bad}"
+    elif value.startswith("-") and value[1:].isdigit() and int(value[1:]) <= 2**31:
+        detail = "Expected integer, got: -"  # a signed 32-bit field would have parsed it
+    else:
+        detail = f"Integer out of range ({value.removeprefix('-')})"
+    return f"Error parsing text-format inference.ModelConfig: {found[1]}:{found[2]}: {detail}"
 
 
 # Triton's ModelConfigToJson turns these 64-bit fields back into numbers (protobuf's JSON
@@ -225,7 +249,8 @@ def normalize(config: Any, model_name: str) -> None:
 
 def normalize_instance_groups(config: Any, gpu_count: Callable[[], int] | None = None) -> None:
     """Triton's instance-group defaults and checks (after ``auto_complete_config``): one
-    group named ``<model>_0`` when none is given, group names ``<model>_<i>``, count 1,
+    group named ``<model>`` when none is given (its instance is ``<model>_0``), unnamed
+    groups ``<model>_<i>`` (``i`` the group's index), count 1,
     ``KIND_AUTO`` resolved to GPU when GPUs are listed (else CPU), a ``KIND_GPU`` group
     without GPUs given every visible one. ``gpu_count`` counts the visible GPUs (asked only
     for a ``KIND_GPU`` group; default: none visible).
@@ -236,7 +261,7 @@ def normalize_instance_groups(config: Any, gpu_count: Callable[[], int] | None =
             group.
     """
     if not config.instance_group:
-        config.instance_group.add()
+        config.instance_group.add().name = config.name
     kinds = config.instance_group[0].DESCRIPTOR.enum_types_by_name["Kind"].values_by_name
     visible: int | None = None
     for i, group in enumerate(config.instance_group):
