@@ -60,6 +60,8 @@ DLPACK_CTYPES_EAGER = {
     "dlpack_ctypes",
     "dlpack_ctypes._blocks",
     "dlpack_ctypes._capi",
+    # the consumed tensors' registry, which the export registry's sweeps release (issue 22)
+    "dlpack_ctypes._owned",
     "dlpack_ctypes.abi",
     "atexit",
     "gc",
