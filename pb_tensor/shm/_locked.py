@@ -248,10 +248,18 @@ class LockedHeap:
         total = int(heap.U64.unpack_from(mm, heap.OFF_TOTAL)[0])
         growth = int(heap.U64.unpack_from(mm, heap.OFF_GROWTH)[0])
         max_size = int(heap.U64.unpack_from(mm, heap.OFF_MAX)[0])
-        extra = need - heap.tail_free_size(mm, total)
-        new_total = extend_segment(self._map_fd, self._name, total, extra, growth, max_size, nbytes)
-        m = self._remap(new_total)
-        heap.extend(m.mm, total, new_total)
+        try:
+            extra = need - heap.tail_free_size(mm, total)
+            new_total = extend_segment(
+                self._map_fd, self._name, total, extra, growth, max_size, nbytes
+            )
+            m = self._remap(new_total)
+            heap.extend(m.mm, total, new_total)
+        except heap.OUT_OF_HEAP as exc:
+            raise TritonModelException(
+                f"Shared memory pool '{self._name}' is corrupted: growing the heap from {total} "
+                f"bytes read a size outside it ({exc})"
+            ) from None
         return m
 
     def _check_block(self, m: Mapping, handle: int, want: int | None) -> tuple[int, int, int, int]:
