@@ -22,6 +22,7 @@ Usage::
     python scripts/stress.py              # 10 seconds
     python scripts/stress.py --seconds 60
     python scripts/stress.py --quick      # 2 seconds (CI smoke run)
+    python scripts/stress.py --pool-interrupts 5000   # the pool under a KeyboardInterrupt timer
 """
 
 from __future__ import annotations
@@ -370,11 +371,77 @@ def run(seconds: float) -> int:
     return 0 if ok else 1
 
 
+POOL_INTERVALS = (20e-6, 50e-6, 100e-6, 200e-6)
+
+
+def run_pool_interrupts(iterations: int) -> int:
+    """Save and load through a pool while a timer raises KeyboardInterrupt in the library.
+
+    For each interval of :data:`POOL_INTERVALS` a ``SIGALRM`` timer fires; its handler raises
+    ``KeyboardInterrupt`` whenever the interrupted frame is in ``pb_tensor`` or
+    ``dlpack_ctypes`` (never in this loop, so a handle the library returned is never lost on
+    its way here). Each iteration saves a temporary ``Tensor`` and loads the handle; a handle
+    received whose load did not complete is released. Afterwards (timer off, three
+    collections) the pool must hold no allocation and no unloaded record.
+    """
+    import signal
+
+    def handler(signum: int, frame: Any) -> None:
+        if frame is not None and frame.f_globals.get("__name__", "").startswith(
+            ("pb_tensor", "dlpack_ctypes")
+        ):
+            raise KeyboardInterrupt
+
+    pool = SharedMemoryPool.create(4 << 20)
+    a = np.arange(16, dtype=np.float32)
+    ok = True
+    print(f"pool interrupts: {iterations} save + load per interval")
+    for interval in POOL_INTERVALS:
+        received: list[int] = []
+        interrupts = 0
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, interval, interval)
+        try:
+            for _ in range(iterations):
+                handle = None
+                try:
+                    handle = Tensor("x", a).save_to_shared_memory(pool)
+                    Tensor.load_from_shared_memory(pool, handle)
+                    handle = None
+                except KeyboardInterrupt:
+                    interrupts += 1
+                    if handle is not None:
+                        received.append(handle)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)
+        for handle in received:
+            pool.release(handle)
+        for _ in range(3):
+            gc.collect()
+        stats = pool.stats()
+        good = stats.allocations == 0 and stats.unloaded_records == 0
+        ok = ok and good
+        print(
+            f"  every {interval * 1e6:>4.0f} us: {interrupts:>6} calls interrupted, "
+            f"allocations {stats.allocations}, unloaded {stats.unloaded_records}  "
+            f"{'PASS' if good else 'MISS'}"
+        )
+    pool.close()
+    return 0 if ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="run time (default 10)")
     parser.add_argument("--quick", action="store_true", help="a 2-second smoke run")
+    parser.add_argument(
+        "--pool-interrupts", type=int, default=0, metavar="N",
+        help="instead: N pool save + load per timer interval, interrupted in the library",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.pool_interrupts:
+        return run_pool_interrupts(args.pool_interrupts)
     return run(2.0 if args.quick else args.seconds)
 
 

@@ -45,8 +45,8 @@ def small_saves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     real = getattr(_tensors, "save_small_held")  # noqa: B009 - imported there, not exported
 
-    def spy(pool: SharedMemoryPool, name: str, dtype: int, src: Any) -> Any:
-        record = real(pool, name, dtype, src)
+    def spy(pool: SharedMemoryPool, name: str, dtype: int, src: Any, cell: list[int]) -> Any:
+        record = real(pool, name, dtype, src, cell)
         calls.append(record.handle)
         return record
 

@@ -159,11 +159,34 @@ def _corrupted(name: str, what: str) -> TritonModelException:
     return TritonModelException(f"Shared memory pool '{name}' is corrupted: {what}")
 
 
+# What a read or write of the mapping at an offset taken from a corrupted (or concurrently
+# changing) size or link raises: past the end (struct.error), or past any index (IndexError,
+# OverflowError). The mutating functions turn them into the pool's corruption error; a
+# mutation cut short this way leaves the dirty word set, so the next operation rebuilds the heap.
+OUT_OF_HEAP: Final = (struct.error, IndexError, OverflowError)
+
+
+def _outside(link: int, mapped: int) -> bool:
+    """Whether a non-zero free-list link cannot be a free block's offset in the heap."""
+    return bool(link) and (link < HEADER_SIZE or link > mapped - 2 * ALIGN or link % ALIGN != 0)
+
+
+def _fit(off: int, need: int, mapped: int, name: str, where: str) -> int:
+    """``off`` when a ``need``-byte block there lies inside the heap (0 passes: no fit)."""
+    if off and (off < HEADER_SIZE or off % ALIGN or off + need > mapped - ALIGN):
+        raise _corrupted(
+            name, f"{where} points at offset {off}: no {need}-byte block fits there in "
+            f"{mapped} bytes",
+        )  # fmt: skip
+    return off
+
+
 def find_fit(mm: mmap, need: int, mapped: int, name: str) -> int:
     """Offset of a free block of at least ``need`` bytes, or 0 when none fits.
 
     Raises:
-        TritonModelException: a free-list link points outside the heap or loops.
+        TritonModelException: a free-list link points outside the heap or loops, or the
+            block found does not fit inside the heap.
     """
     bitmap = U64.unpack_from(mm, OFF_BITMAP)[0]
     b = need.bit_length() - 1
@@ -176,16 +199,17 @@ def find_fit(mm: mmap, need: int, mapped: int, name: str) -> int:
         if off < HEADER_SIZE or off > mapped - 2 * ALIGN or off % ALIGN or probes > steps:
             raise _corrupted(name, f"free list {b} points at offset {off}")
         if U64.unpack_from(mm, off + OFF_SIZE)[0] >= need:
-            return int(off)
+            return _fit(int(off), need, mapped, name, f"free list {b}")
         off = U64.unpack_from(mm, off + OFF_NEXT_FREE)[0]
         probes += 1
         if probes == SCAN_LIMIT:
             # ... then the head of the first non-empty larger bin: any of its blocks fits ...
             larger = _larger_bin_head(mm, bitmap, b)
             if larger:
-                return larger
+                return _fit(larger, need, mapped, name, "a larger free list's head")
     if probes < SCAN_LIMIT:
-        return _larger_bin_head(mm, bitmap, b)
+        return _fit(_larger_bin_head(mm, bitmap, b), need, mapped, name,
+                    "a larger free list's head")  # fmt: skip
     return 0  # ... and having scanned the whole exact bin, nothing fits: grow.
 
 
@@ -256,7 +280,8 @@ def allocate_block(
     messages at once), so a process that dies before it leaves a free block behind.
 
     Raises:
-        TritonModelException: the block is not a free block that fits (corrupted free list).
+        TritonModelException: the block is not a free block that fits, or a link read on the
+            way points outside the heap (corrupted free list).
     """
     if off < HEADER_SIZE or off % ALIGN or off > mapped - 2 * ALIGN:
         raise _corrupted(name, f"the free list points at offset {off}")
@@ -269,45 +294,75 @@ def allocate_block(
         or off + size > mapped - ALIGN
     ):
         raise _corrupted(name, f"the free list holds a bad block at offset {off}")
-    put, get = U64.pack_into, _get_u64  # links and counters: repair rebuilds them
-    put(mm, OFF_DIRTY, _pid[0])
-    # _bin_remove and _bin_insert inline (the same writes in the same order): this runs on
-    # every save, where the calls were a tenth of the time.
-    b = size.bit_length() - 1
-    if prv:
-        put(mm, prv + OFF_NEXT_FREE, nxt)
-    else:
-        put(mm, OFF_BINS + 8 * b, nxt)
-        if not nxt:
-            put(mm, OFF_BITMAP, get(mm, OFF_BITMAP)[0] & ~(1 << b))
-    if nxt:
-        put(mm, nxt + OFF_PREV_FREE, prv)
-    rest = size - need
-    if rest >= MIN_SPLIT:
-        # Split: the tail becomes a free block (its neighbour after it is never free).
-        tail = off + need
-        mm[tail : tail + BLOCK.size] = BLOCK.pack(BLOCK_MAGIC, FREE, rest, need, 0, 0, 0, 0)
-        put(mm, tail + rest + OFF_PREV, rest)
-        b = rest.bit_length() - 1
-        slot = OFF_BINS + 8 * b
-        head = get(mm, slot)[0]
-        put(mm, tail + OFF_NEXT_FREE, head)
-        put(mm, tail + OFF_PREV_FREE, 0)
-        if head:
-            put(mm, head + OFF_PREV_FREE, tail)
-        put(mm, slot, tail)
-        put(mm, OFF_BITMAP, get(mm, OFF_BITMAP)[0] | 1 << b)
-        size = need
-    put(mm, OFF_USED, get(mm, OFF_USED)[0] + size)
-    put(mm, OFF_NALLOC, get(mm, OFF_NALLOC)[0] + 1)
-    mm[off : off + BLOCK_REF.size] = BLOCK_REF.pack(
-        BLOCK_MAGIC, state, size, prev_size, nbytes, 0, 0, refcount, pending
-    )
-    put(mm, OFF_DIRTY, 0)
+    # Checked before any write: both are written through below.
+    low, high = HEADER_SIZE, mapped - 2 * ALIGN
+    if (nxt and (nxt < low or nxt > high or nxt % ALIGN)) or (
+        prv and (prv < low or prv > high or prv % ALIGN)
+    ):
+        link, value = ("next", nxt) if _outside(nxt, mapped) else ("previous", prv)
+        raise _corrupted(
+            name, f"the free block at offset {off} has its {link}-free link at offset {value}"
+        )
+    try:
+        put, get = U64.pack_into, _get_u64  # links and counters: repair rebuilds them
+        put(mm, OFF_DIRTY, _pid[0])
+        # _bin_remove and _bin_insert inline (the same writes in the same order): this runs on
+        # every save, where the calls were a tenth of the time.
+        b = size.bit_length() - 1
+        if prv:
+            put(mm, prv + OFF_NEXT_FREE, nxt)
+        else:
+            put(mm, OFF_BINS + 8 * b, nxt)
+            if not nxt:
+                put(mm, OFF_BITMAP, get(mm, OFF_BITMAP)[0] & ~(1 << b))
+        if nxt:
+            put(mm, nxt + OFF_PREV_FREE, prv)
+        rest = size - need
+        if rest >= MIN_SPLIT:
+            # Split: the tail becomes a free block (its neighbour after it is never free).
+            tail = off + need
+            mm[tail : tail + BLOCK.size] = BLOCK.pack(BLOCK_MAGIC, FREE, rest, need, 0, 0, 0, 0)
+            put(mm, tail + rest + OFF_PREV, rest)
+            b = rest.bit_length() - 1
+            slot = OFF_BINS + 8 * b
+            head = get(mm, slot)[0]
+            put(mm, tail + OFF_NEXT_FREE, head)
+            put(mm, tail + OFF_PREV_FREE, 0)
+            if head:
+                put(mm, head + OFF_PREV_FREE, tail)
+            put(mm, slot, tail)
+            put(mm, OFF_BITMAP, get(mm, OFF_BITMAP)[0] | 1 << b)
+            size = need
+        put(mm, OFF_USED, get(mm, OFF_USED)[0] + size)
+        put(mm, OFF_NALLOC, get(mm, OFF_NALLOC)[0] + 1)
+        mm[off : off + BLOCK_REF.size] = BLOCK_REF.pack(
+            BLOCK_MAGIC, state, size, prev_size, nbytes, 0, 0, refcount, pending
+        )
+        put(mm, OFF_DIRTY, 0)
+    except OUT_OF_HEAP as exc:  # a free-list head read on the way (the leftover's bin)
+        raise _corrupted(
+            name, f"allocating the free block at offset {off}: a free-list link points outside "
+            f"the heap ({exc})",
+        ) from None  # fmt: skip
 
 
 def free_block(mm: mmap, off: int, name: str) -> None:
-    """Free the allocated block ``off`` (its ref count reached zero)."""
+    """Free the allocated block ``off`` (its ref count reached zero).
+
+    Raises:
+        TritonModelException: a neighbour's header disagrees with the block's sizes, or a size
+            or free-list link read on the way points outside the heap.
+    """
+    try:
+        _free_block(mm, off, name)
+    except OUT_OF_HEAP as exc:
+        raise _corrupted(
+            name, f"freeing the block at offset {off} (handle {off + BLOCK_HDR}): a block size "
+            f"or free-list link points outside the heap ({exc})",
+        ) from None  # fmt: skip
+
+
+def _free_block(mm: mmap, off: int, name: str) -> None:
     _, _, size, prev_size, _, _, _, _ = BLOCK.unpack_from(mm, off)
     # Refuse, before changing anything, to merge with neighbours whose headers disagree.
     magic, n_state, n_size, prev_of_next, _, n_next, n_prev, _ = BLOCK.unpack_from(

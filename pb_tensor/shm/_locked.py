@@ -14,6 +14,8 @@ end of that one call) an ``except`` clause, still under the lock, undoes or comp
 from __future__ import annotations
 
 import contextlib
+import signal
+import sys
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -34,6 +36,13 @@ SWEEP_EVERY: Final = 1023  # look for views that died without giving back every 
 _P = TypeVar("_P")
 
 
+# _RETRY_NOTE: the completion steps of an interrupted allocation or drop (idempotent, under the
+# lock) are retried until they have run to their end, so that a second asynchronous exception
+# inside the cleanup of the first cannot leave the heap change half done and unowned. CPython
+# runs signal handlers on entry to a Python function and at every backward jump, and a retry
+# loop's jump lies outside its own try; so the call site retries in a loop of its own around
+# _complete (whose entry is then inside that loop's try), and _complete blocks signals in this
+# thread while it retries (nesting three more loops for a signal that another thread takes).
 U8: Final = np.dtype(np.uint8)
 _block_ref: Final = heap.BLOCK_REF.unpack_from
 _BLOCK_HDR: Final = heap.BLOCK_HDR
@@ -44,10 +53,57 @@ _BLOCK_MAGIC: Final = heap.BLOCK_MAGIC
 _FREE: Final = heap.FREE
 _END: Final = heap.END
 _u64: Final = heap.U64.unpack_from
+_pack_ref: Final = heap.REF.pack
 _OFF_DIRTY: Final = heap.OFF_DIRTY
 _OFF_BROKEN: Final = heap.OFF_BROKEN
 ndnew: Final = np.ndarray.__new__
 ndview: Final = np.ndarray.view
+_getrefcount: Final = sys.getrefcount
+_sigmask: Final = signal.pthread_sigmask
+_SIG_BLOCK: Final = signal.SIG_BLOCK
+_SIG_UNBLOCK: Final = signal.SIG_UNBLOCK
+_ALL_SIGNALS: Final = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+
+
+def _complete(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
+    """Run ``fn(*args)`` until it has run to its end, then set ``done[0]``; see _RETRY_NOTE.
+
+    Signals are blocked in this thread meanwhile (those that were not blocked already, given
+    back on the way out): a step that takes longer than a signal timer's interval would
+    otherwise be restarted for ever. A signal that arrives in between waits in the kernel and
+    its handler runs once this returns; only one taken by another thread of the process can
+    still interrupt the step here, which is then retried.
+
+    Raises:
+        TritonModelException: what ``fn`` raised (a corrupted heap: retrying cannot help).
+        BaseException: an asynchronous exception that landed on the loops' own jumps (rare;
+            the caller's loop retries).
+    """
+    unblocked = _ALL_SIGNALS - _sigmask(_SIG_BLOCK, ())
+    try:
+        _sigmask(_SIG_BLOCK, unblocked)
+        while not done[0]:
+            try:
+                while not done[0]:
+                    try:
+                        while not done[0]:
+                            try:
+                                fn(*args)
+                                done[0] = True
+                            except TritonModelException:
+                                raise
+                            except BaseException:  # retried
+                                pass
+                    except TritonModelException:
+                        raise
+                    except BaseException:  # retried
+                        pass
+            except TritonModelException:
+                raise
+            except BaseException:  # retried
+                pass
+    finally:
+        _sigmask(_SIG_UNBLOCK, unblocked)
 
 
 class Held(np.ndarray[Any, np.dtype[np.uint8]]):
@@ -78,9 +134,7 @@ class Held(np.ndarray[Any, np.dtype[np.uint8]]):
         while True:
             try:
                 if self._token:
-                    self._pool._owner_died(
-                        self._token, self._message and not self._claimed, self.nbytes
-                    )
+                    self._pool._owner_died(self._token, self._message and not self._claimed)
                 break
             except Exception:
                 break
@@ -104,6 +158,7 @@ class LockedHeap:
     _name: str
     _map_fd: int
     _owners: dict[int, tuple[int, weakref.ref[Held]]]
+    _messages: dict[int, list[int]]
 
     def _remap(self, at_least: int = 0) -> Mapping:
         raise NotImplementedError  # MappedHeap's
@@ -146,10 +201,24 @@ class LockedHeap:
             if holder is not None and alive is not None:
                 self._owners[token] = (handle, alive)
                 holder._token = token
+            if pending:
+                # Journalled before it holds the message (no call in between): a sweep gives
+                # back the message of a cell whose saving call is gone without handing it on.
+                self._messages[id(cell)] = cell
             cell[0] = handle
         except BaseException:
             if cell[0] != handle:
-                self._undo_allocation(m, handle, state, refcount, pending, token, holder)
+                done = [False]  # retried until it has run to its end (see _RETRY_NOTE)
+                while not done[0]:
+                    try:
+                        _complete(
+                            done, self._undo_allocation,
+                            m, handle, state, refcount, pending, token, holder,
+                        )  # fmt: skip
+                    except TritonModelException:
+                        raise
+                    except BaseException:  # retried (see _RETRY_NOTE)
+                        pass
             raise
         return m, holder
 
@@ -179,10 +248,18 @@ class LockedHeap:
         total = int(heap.U64.unpack_from(mm, heap.OFF_TOTAL)[0])
         growth = int(heap.U64.unpack_from(mm, heap.OFF_GROWTH)[0])
         max_size = int(heap.U64.unpack_from(mm, heap.OFF_MAX)[0])
-        extra = need - heap.tail_free_size(mm, total)
-        new_total = extend_segment(self._map_fd, self._name, total, extra, growth, max_size, nbytes)
-        m = self._remap(new_total)
-        heap.extend(m.mm, total, new_total)
+        try:
+            extra = need - heap.tail_free_size(mm, total)
+            new_total = extend_segment(
+                self._map_fd, self._name, total, extra, growth, max_size, nbytes
+            )
+            m = self._remap(new_total)
+            heap.extend(m.mm, total, new_total)
+        except heap.OUT_OF_HEAP as exc:
+            raise TritonModelException(
+                f"Shared memory pool '{self._name}' is corrupted: growing the heap from {total} "
+                f"bytes read a size outside it ({exc})"
+            ) from None
         return m
 
     def _check_block(self, m: Mapping, handle: int, want: int | None) -> tuple[int, int, int, int]:
@@ -285,14 +362,18 @@ class LockedHeap:
         else:
             new = (refcount + 1, pending)
         alive = weakref.ref(holder)
+        data = _pack_ref(*new)
+        # The holder is armed first and the count written last (one slice store: a single
+        # memcpy, see heap.put_ref), with no point in between where a signal handler runs: a
+        # signal lands before both or after both.
+        self._owners[token] = (handle, alive)
+        holder._token = token
         try:
-            heap.put_ref(m.mm, handle, *new)
-            self._owners[token] = (handle, alive)
-            holder._token = token
+            m.mm[handle : handle + 8] = data
         except BaseException:
-            if not holder._token and heap.REF.unpack_from(m.mm, handle) == new:
+            if heap.REF.unpack_from(m.mm, handle) != new:  # not written: disarm
+                holder._token = 0
                 self._owners.pop(token, None)
-                heap.put_ref(m.mm, handle, refcount, pending)
             raise
 
     def _add_message_locked(self, m: Mapping, handle: int, cell: list[int]) -> None:
@@ -304,12 +385,16 @@ class LockedHeap:
                 f"Shared memory handle {handle}: reference count overflow ({refcount})"
             )
         new = (refcount + 1, pending + 1)
+        data = _pack_ref(*new)
+        # As in _take: the cell (journalled, as in _allocate_locked) holds the message before
+        # the count is written, with no point in between where a signal handler runs.
+        self._messages[id(cell)] = cell
+        cell[0] = handle
         try:
-            heap.put_ref(m.mm, handle, *new)
-            cell[0] = handle
+            m.mm[handle : handle + 8] = data
         except BaseException:
-            if cell[0] != handle and heap.REF.unpack_from(m.mm, handle) == new:
-                heap.put_ref(m.mm, handle, refcount, pending)
+            if heap.REF.unpack_from(m.mm, handle) != new:  # not written: no message to hold
+                cell[0] = 0
             raise
 
     def _give_back_locked(self, m: Mapping, token: int, restore: bool) -> None:
@@ -325,24 +410,38 @@ class LockedHeap:
                 return
             _, _, refcount, pending = self._check_block(m, handle, heap.RECORD)
             new = (refcount, pending + 1)
+            data = _pack_ref(*new)
+            # Disowned and written with no point in between where a signal handler runs.
+            del self._owners[token]
             try:
-                heap.put_ref(m.mm, handle, *new)
-                del self._owners[token]
+                m.mm[handle : handle + 8] = data
             except BaseException:
-                if token in self._owners:
-                    if heap.REF.unpack_from(m.mm, handle) != new:
-                        heap.put_ref(m.mm, handle, *new)
-                    del self._owners[token]
+                if heap.REF.unpack_from(m.mm, handle) != new:  # not written: still owned
+                    self._owners[token] = entry
                 raise
         except TritonModelException:
             self._owners.pop(token, None)  # a corrupted block: nothing to give back to
             raise
 
+    def _release_cell_locked(self, m: Mapping, cell: list[int]) -> None:
+        """Give back the message ``cell`` holds, if any, emptying it in the same step (lock
+        held): a release interrupted before that leaves it in the cell, for the sweep."""
+        handle = cell[0]
+        if handle:
+            self._drop_locked(m, handle, heap.RECORD, True, 0, cell)
+
     def _drop_locked(
-        self, m: Mapping, handle: int, want: int | None, message: bool, token: int
+        self,
+        m: Mapping,
+        handle: int,
+        want: int | None,
+        message: bool,
+        token: int,
+        cell: list[int] | None = None,
     ) -> None:
         """Drop one reference (a pending message with ``message``; the one ``token`` held,
-        if given); free the block with the last one. Lock held.
+        if given; the message ``cell`` holds, emptied in the same step); free the block with
+        the last one. Lock held.
 
         Once the block is found valid the drop is completed even if an asynchronous exception
         cuts it short (nobody would retry it: a finaliser or an interrupted release).
@@ -355,6 +454,8 @@ class LockedHeap:
             )
         new_pending = pending - 1 if message else min(pending, refcount - 1)
         try:
+            if cell is not None:
+                cell[0] = 0  # no call before the write below: emptied with the drop
             if refcount > 1:
                 heap.put_ref(m.mm, handle, refcount - 1, new_pending)
             else:
@@ -367,7 +468,14 @@ class LockedHeap:
         except TritonModelException:
             raise
         except BaseException:
-            self._finish_drop(m, handle, refcount, new_pending, token)
+            done = [False]  # retried until it has run to its end (see _RETRY_NOTE)
+            while not done[0]:
+                try:
+                    _complete(done, self._finish_drop, m, handle, refcount, new_pending, token)
+                except TritonModelException:
+                    raise
+                except BaseException:  # retried (see _RETRY_NOTE)
+                    pass
             raise
 
     def _finish_drop(
@@ -409,11 +517,22 @@ class LockedHeap:
         return result, holder
 
     def _sweep_locked(self, m: Mapping) -> None:
-        """Give back the references of views that died without doing it (lock held)."""
+        """Give back the references of views that died without doing it, and the messages of
+        saves that were abandoned before handing them on (lock held)."""
         dead = [token for token, (_, alive) in self._owners.items() if alive() is None]
         for token in dead:
             with contextlib.suppress(TritonModelException):
                 self._give_back_locked(m, token, False)
+        messages = self._messages
+        for key in list(messages):
+            if not messages[key][0]:  # handed on (or given back): nothing to do
+                del messages[key]
+            elif _getrefcount(messages[key]) <= 2:
+                # Only this journal (and getrefcount's argument) refers to the cell: the call
+                # that saved into it is gone, and nobody else can ever give its message back.
+                with contextlib.suppress(TritonModelException):
+                    self._release_cell_locked(m, messages[key])
+                del messages[key]
 
     def _stats_locked(self, m: Mapping) -> PoolStats:
         self._sweep_locked(m)

@@ -43,10 +43,6 @@ _flock: Final = fcntl.flock
 _LOCK_EX: Final = fcntl.LOCK_EX
 _LOCK_UN: Final = fcntl.LOCK_UN
 _u64_at: Final = heap.U64.unpack_from
-# Views up to this size give their reference back in this process's next lock cycle instead of
-# one of their own, up to this many at a time (a record stays allocated that much longer).
-_DEFER_BYTES: Final = 1 << 16
-_DEFER_COUNT: Final = 64
 _T = TypeVar("_T")
 
 
@@ -84,6 +80,8 @@ class MappedHeap(LockedHeap):
         # _sweep_locked give back what a holder's finaliser could not (an asynchronous
         # exception can stop a finaliser before its first line).
         self._owners: dict[int, tuple[int, weakref.ref[Held]]] = {}
+        # id(cell) -> cell: the cells that saves hand their message to (see _sweep_locked).
+        self._messages: dict[int, list[int]] = {}
         self._lock_fd = -1
         self._map = Mapping(_map_fd, _size, _populate, 0)
         # A second open file description used only for flock: mmap objects dup the mapping fd
@@ -139,6 +137,7 @@ class MappedHeap(LockedHeap):
         self._holder = 0
         self._pending = []
         self._owners = {}
+        self._messages = {}  # the parent's saves in flight are the parent's to finish
         self._creator = False
         if self._lock_fd >= 0:
             inherited = self._lock_fd
@@ -252,16 +251,15 @@ class MappedHeap(LockedHeap):
             with contextlib.suppress(TritonModelException):
                 self._give_back_locked(m, token, restore)
 
-    def _owner_died(self, token: int, restore: bool, nbytes: int) -> None:
+    def _owner_died(self, token: int, restore: bool) -> None:
+        # The reference is given back before this returns, in a lock cycle of its own: a
+        # process may end with os._exit right after, which runs no exit hook.
         if self._released or token not in self._owners:
             return
-        if self._holder == _get_ident() or (
-            nbytes <= _DEFER_BYTES and len(self._pending) < _DEFER_COUNT and not self._closed
-        ):
-            # Inside an operation of this thread (a GC pass or a signal handler), or a small
-            # view: give the reference back under the next lock cycle of this process (each
-            # operation starts by draining these), not in a lock cycle of its own. Appending
-            # is one call: nothing can interrupt it half-way.
+        if self._holder == _get_ident():
+            # Inside an operation of this thread (a GC pass or a signal handler): given back
+            # at the end of that operation, before it returns (it drains these). Appending is
+            # one call: nothing can interrupt it half-way.
             self._pending.append((token, restore))
             return
         try:

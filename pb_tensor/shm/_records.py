@@ -160,6 +160,41 @@ def save_and_load_record(
     return record
 
 
+def save_and_load_record_into(
+    cell: list[int],
+    pool: SharedMemoryPool,
+    *,
+    name: str,
+    dtype: int,
+    dims: Sequence[int],
+    memory_type: int,
+    memory_type_id: int,
+    payload: npt.NDArray[Any] | Buffer | None,
+    byte_size: int,
+    gpu_pointer_offset: int = 0,
+    ipc_handle: bytes | None = None,
+    appendix: Buffer | None = None,
+) -> TensorRecord:
+    """:func:`save_and_load_record` whose message goes into the caller's ``cell[0]``.
+
+    For a caller that hands the message on itself (``Tensor.save_to_shared_memory``): from
+    the moment the record exists the message is in ``cell``, journalled by the pool, and the
+    caller either empties the cell when it returns the handle or gives the message back with
+    ``pool._release_cell_locked``; if neither happens (the call was abandoned by an
+    asynchronous exception at any point) the pool's next sweep gives it back.
+
+    Raises:
+        TritonModelException: as :func:`save_record`.
+    """
+    record = _save(
+        pool, name, dtype, dims, memory_type, memory_type_id, payload, byte_size,
+        gpu_pointer_offset, ipc_handle, 0, appendix, hold=True, cell=cell,
+    )[1]  # fmt: skip
+    if record is None:  # pragma: no cover - hold=True always builds one
+        raise TritonModelException("internal error: no record from a held save")
+    return record
+
+
 def _save(
     pool: SharedMemoryPool,
     name: str,
@@ -175,6 +210,7 @@ def _save(
     appendix: Buffer | None,
     *,
     hold: bool,
+    cell: list[int] | None = None,
 ) -> tuple[int, TensorRecord | None]:
     if not isinstance(name, str):
         raise TritonModelException(f"name must be a str, not {type(name).__name__}")
@@ -225,7 +261,10 @@ def _save(
     tail = _appendix_at(payload_len)
     # The message reference is ours until `cell` is emptied on the way out; an exception at
     # any point before gives it back (the holder of a held save gives its own back by dying).
-    cell = [0]
+    # A caller's cell stays the caller's to empty or give back.
+    own = cell is None
+    if cell is None:
+        cell = [0]
     try:
         m, holder = pool._allocate(
             poff + (tail + len(extra) if extra else payload_len), RECORD, 2 if hold else 1, 1,
@@ -265,11 +304,12 @@ def _save(
                  gpu_pointer_offset, memory_release_id, slot or None,
                  _ndview(holder, np.ndarray)),
             )  # fmt: skip
-        cell[0] = 0  # handed over: nothing that can raise until the return
+        if own:
+            cell[0] = 0  # handed over: nothing that can raise until the return
         return handle, record
     finally:
-        if cell[0]:
-            pool._op(pool._drop_locked, cell[0], RECORD, True, 0)
+        if own and cell[0]:
+            pool._op(pool._release_cell_locked, cell)
 
 
 # (ndim, name length) -> (header struct, payload offset) for save_small_held.
@@ -288,7 +328,7 @@ def _small_header(ndim: int, name_len: int) -> tuple[struct.Struct, int]:
 
 
 def save_small_held(
-    pool: SharedMemoryPool, name: str, dtype: int, src: npt.NDArray[Any]
+    pool: SharedMemoryPool, name: str, dtype: int, src: npt.NDArray[Any], cell: list[int]
 ) -> TensorRecord:
     """:func:`save_and_load_record` of a small CPU array, for a caller that vouches for it.
 
@@ -297,6 +337,8 @@ def save_small_held(
     without re-checking what the caller guarantees: ``src`` is a C-contiguous numeric array
     of at most :data:`SMALL_PAYLOAD` bytes whose element type is ``dtype``'s (not BYTES),
     ``name`` is ASCII, and the dims are ``src.shape``. Anything else takes the general path.
+    The message goes into the caller's ``cell[0]``, who hands it on or gives it back
+    (``pool._release_cell_locked``) as :func:`save_and_load_record_into` describes.
 
     Raises:
         TritonModelException: the pool is closed, or it cannot grow enough.
@@ -309,30 +351,25 @@ def save_small_held(
         entry = _small_header(ndim, name_len)
     header, poff = entry
     nbytes = src.nbytes
-    cell = [0]  # the message, ours until handed over (as in _save)
-    try:
-        m, holder = pool._allocate(poff + nbytes, RECORD, 2, 1, cell, (poff, nbytes))
-        handle = cell[0]
-        if holder is None:  # pragma: no cover - a view was asked for
-            raise TritonModelException("internal error: no holder from a held allocation")
-        start = handle + PREFIX
-        mm = m.mm
-        header.pack_into(
-            mm, start, 0, dtype, ndim, *dims, start + _DIMS_AT + 8 * ndim, name_len,
-            name.encode(), 0, False, 0, MEMORY_CPU, 0, nbytes, 0,
-        )  # fmt: skip
-        at = start + poff
-        mm[at : at + nbytes] = src.data  # one buffer copy (C-contiguous)
-        record = _new_record(
-            TensorRecord,
-            (handle, name, dtype, dims, MEMORY_CPU, 0, nbytes, 0, 0, None,
-             _ndview(holder, np.ndarray)),
-        )  # fmt: skip
-        cell[0] = 0  # handed over: nothing that can raise until the return
-        return record
-    finally:
-        if cell[0]:
-            pool._op(pool._drop_locked, cell[0], RECORD, True, 0)
+    m, holder = pool._allocate(poff + nbytes, RECORD, 2, 1, cell, (poff, nbytes))
+    # The caller's cell holds the message from here: an exception leaves it to the caller.
+    handle = cell[0]
+    if holder is None:  # pragma: no cover - a view was asked for
+        raise TritonModelException("internal error: no holder from a held allocation")
+    start = handle + PREFIX
+    mm = m.mm
+    header.pack_into(
+        mm, start, 0, dtype, ndim, *dims, start + _DIMS_AT + 8 * ndim, name_len,
+        name.encode(), 0, False, 0, MEMORY_CPU, 0, nbytes, 0,
+    )  # fmt: skip
+    at = start + poff
+    mm[at : at + nbytes] = src.data  # one buffer copy (C-contiguous)
+    record = _new_record(
+        TensorRecord,
+        (handle, name, dtype, dims, MEMORY_CPU, 0, nbytes, 0, 0, None,
+         _ndview(holder, np.ndarray)),
+    )  # fmt: skip
+    return record
 
 
 def _appendix_at(payload_len: int) -> int:

@@ -170,19 +170,32 @@ def _create_sealed(name: str, size: int, growth: int, max_size: int) -> int:
 
 
 def _publish(name: str, target: str) -> None:
+    # Exclusive: symlink() fails if anything is at the name. An entry already there is never
+    # removed, not even a link that looks like one of ours left by a dead creator: nothing in a
+    # link proves who made it, and a check of it followed by an unlink could remove an entry
+    # someone else put there in between.
     path = os.path.join(SHM_DIR, name)
     try:
         os.symlink(target, path)
     except FileExistsError:
-        # A link left by a creator that died without unlinking it can be replaced.
-        if not os.path.islink(path) or _sealed_target(name, os.readlink(path)) is not None:
-            raise TritonModelException(f"Shared memory pool '{name}' already exists") from None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        try:
-            os.symlink(target, path)
-        except FileExistsError:
-            raise TritonModelException(f"Shared memory pool '{name}' already exists") from None
+        raise TritonModelException(
+            f"Shared memory pool '{name}' already exists{_stale_hint(name, path)}"
+        ) from None
+
+
+def _stale_hint(name: str, path: str) -> str:
+    """What to say about the entry at ``path`` when it blocks creating pool ``name``."""
+    try:
+        target = os.readlink(path)
+    except OSError:  # not a link (or gone already): nothing more to say
+        return ""
+    match = _PROC_FD.fullmatch(target)
+    if match is None or _sealed_target(name, target) is not None:
+        return ""
+    return (
+        f": {path} is a link left by a sealed pool whose creator (pid {match[1]}) has exited; "
+        "it is not removed automatically (remove it, or use another name)"
+    )
 
 
 def _sealed_target(name: str, target: str) -> str | None:

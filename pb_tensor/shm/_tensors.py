@@ -19,7 +19,12 @@ from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm._heap import RECORD
 from pb_tensor.shm._record_layout import MEMORY_GPU, parse_record
-from pb_tensor.shm._records import SMALL_PAYLOAD, record_of, save_small_held
+from pb_tensor.shm._records import (
+    SMALL_PAYLOAD,
+    record_of,
+    save_and_load_record_into,
+    save_small_held,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -96,7 +101,9 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
         return handle
     finally:
         if cell[0]:
-            pool.release(cell[0])
+            # Emptied with the release, under the lock; if this is interrupted before, the
+            # pool's next sweep gives the message back (the cell is journalled, see _sweep_locked).
+            pool._op(pool._release_cell_locked, cell)
 
 
 def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
@@ -114,8 +121,7 @@ def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) ->
     ):
         # The small-transfer path: a numeric CPU array, nothing for the general path's checks
         # to find; the same record and the same adoption (_adopt) as the general path.
-        record = save_small_held(pool, tensor._name, int(dtype), array)
-        cell[0] = record.handle  # no call since the save returned: nothing could interrupt
+        record = save_small_held(pool, tensor._name, int(dtype), array, cell)
         tensor._array = _ndview(record.payload, numpy_dtype_of(dtype)).reshape(dims)
         tensor._dl = None
         tensor._memory_type = MemoryType.CPU
@@ -130,12 +136,11 @@ def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) ->
     # server maps pinned buffers to CPU shared memory).
     # One lock cycle: the record is born with the message reference (for the handle) and the
     # saver's own (held by the payload view, that is by the tensor's data from now on).
-    record = shm.save_and_load_record(
-        pool, name=tensor._name, dtype=int(dtype), dims=dims,
+    record = save_and_load_record_into(
+        cell, pool, name=tensor._name, dtype=int(dtype), dims=dims,
         memory_type=int(MemoryType.CPU), memory_type_id=0,
         payload=payload, byte_size=int(payload.nbytes), appendix=_length_index(tensor),
     )  # fmt: skip
-    cell[0] = record.handle  # no call since the save returned: nothing could interrupt
     _adopt(tensor, record)
     tensor._memory_type = MemoryType.CPU
     tensor._memory_id = 0
@@ -159,12 +164,11 @@ def _save_gpu(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> No
         ipc_handle, offset = cuda.ipc_export(tensor.data_ptr, byte_size, device=device)
     # As for CPU data: the tensor holds the record (the device memory must outlive every
     # reader), beside the message reference of the handle.
-    record = shm.save_and_load_record(
-        pool, name=tensor._name, dtype=int(tensor._dtype), dims=tensor._dims,
+    record = save_and_load_record_into(
+        cell, pool, name=tensor._name, dtype=int(tensor._dtype), dims=tensor._dims,
         memory_type=int(MemoryType.GPU), memory_type_id=device, payload=None,
         byte_size=byte_size, gpu_pointer_offset=offset, ipc_handle=ipc_handle,
     )  # fmt: skip
-    cell[0] = record.handle  # no call since the save returned: nothing could interrupt
     tensor._shm = (pool, record.handle, record)
     key = (os.getpid(), ipc_handle, offset)
     if byte_size and key not in _saved_here:

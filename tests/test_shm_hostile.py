@@ -1,0 +1,143 @@
+"""The pool under a hostile harness (issue 22): foreign entries at a pool's name, processes that
+end with ``os._exit``, daemon threads at interpreter exit, repeated asynchronous exceptions.
+
+Anything that can hang or crash runs in a subprocess with a bounded timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from conftest import run_python_code
+
+from pb_tensor import TritonModelException, shm
+from pb_tensor.shm import SharedMemoryPool
+from pb_tensor.shm._segment import sealing_supported
+
+TIMEOUT = 120
+SEALED = [True, False] if sealing_supported() else [False]
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    name = f"pbt_hostile_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+    yield name
+    path = os.path.join(shm.SHM_DIR, name)
+    if os.path.lexists(path):
+        os.unlink(path)
+
+
+# ------------------------------------------------------ item 5: someone else's /dev/shm entry
+@pytest.mark.parametrize("sealed", SEALED, ids=lambda s: "sealed" if s else "plain")
+@pytest.mark.parametrize("kind", ["symlink", "dangling_proc_link", "regular_file"])
+def test_create_never_removes_an_entry_it_did_not_create(
+    name: str, kind: str, sealed: bool, tmp_path: os.PathLike[str]
+) -> None:
+    path = os.path.join(shm.SHM_DIR, name)
+    if kind == "symlink":  # another program's link to its own file
+        target = os.path.join(os.fspath(tmp_path), "theirs")
+        with open(target, "wb") as f:
+            f.write(b"not a pool")
+        os.symlink(target, path)
+    elif kind == "dangling_proc_link":  # looks like a dead sealed pool's link; proves nothing
+        target = "/proc/999999999/fd/3"
+        os.symlink(target, path)
+    else:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"someone else's data")
+        os.close(fd)
+    before = os.lstat(path)
+    with pytest.raises(TritonModelException, match=f"Shared memory pool '{name}' already exists"):
+        SharedMemoryPool.create(1 << 16, name=name, sealed=sealed)
+    after = os.lstat(path)
+    assert (after.st_ino, after.st_mode, after.st_size) == (
+        before.st_ino, before.st_mode, before.st_size,
+    )  # fmt: skip
+    if kind == "regular_file":
+        with open(path, "rb") as f:
+            assert f.read() == b"someone else's data"
+    else:
+        assert os.readlink(path) == target
+
+
+# ------------------------------------------------- item 4: a forked child ending in os._exit
+_FORK_EXIT = """
+import gc, os, sys
+import numpy as np
+from pb_tensor import Tensor
+from pb_tensor.shm import SharedMemoryPool
+pool = SharedMemoryPool.create(1 << 20, sealed=sys.argv[1] == "1")
+a = np.arange(16, dtype=np.float32)
+t = Tensor.load_from_shared_memory(pool, Tensor("x", a).save_to_shared_memory(pool))
+view, exported = t.as_numpy(), np.from_dlpack(t)  # live exports across the fork
+pid = os.fork()
+if pid == 0:
+    h = Tensor("y", a * 2).save_to_shared_memory(pool)
+    loaded = Tensor.load_from_shared_memory(pool, h)
+    ok = loaded.as_numpy().tolist() == (a * 2).tolist()
+    del loaded
+    gc.collect()
+    os._exit(0 if ok else 1)  # as every multiprocessing worker ends: no exit hook runs
+_, status = os.waitpid(pid, 0)
+del t, view, exported
+gc.collect()
+stats = pool.stats()
+print(os.waitstatus_to_exitcode(status), stats.allocations, stats.unloaded_records)
+pool.close()
+"""
+
+
+@pytest.mark.parametrize("sealed", SEALED, ids=lambda s: "sealed" if s else "plain")
+def test_forked_child_ending_in_os_exit_leaks_nothing(sealed: bool) -> None:
+    done = run_python_code(_FORK_EXIT, "1" if sealed else "0", timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+    # A drop gives its reference back before it returns: nothing is left for an exit hook.
+    assert done.stdout.split() == ["0", "0", "0"], done.stdout
+
+
+# ---------------------------------------- item 2: asynchronous exceptions, more than one per call
+# The timer recipe of issue 22 item 2 (a SIGALRM every 20-100 us whose handler raises
+# KeyboardInterrupt in library frames, around save + load) is not a test here: it still fails in
+# some runs (see docs/guarantees.md); `python scripts/stress.py --pool-interrupts N` runs it and
+# prints PASS/MISS.
+
+
+# ------------------------------------------------ item 1: daemon threads at interpreter exit
+_DAEMONS = """
+import threading, time
+import numpy as np
+from pb_tensor import Tensor
+from pb_tensor.shm import SharedMemoryPool
+
+pool = SharedMemoryPool.create(1 << 20)
+a = np.arange(256, dtype=np.float32)
+started = threading.Barrier(5)
+
+def loop():
+    started.wait()
+    while True:
+        try:
+            t = Tensor.load_from_shared_memory(pool, Tensor("x", a).save_to_shared_memory(pool))
+            v = t.as_numpy()
+            del v, t
+        except Exception:  # the pool closed under us at exit: go on until frozen
+            pass
+
+for _ in range(4):
+    threading.Thread(target=loop, daemon=True).start()
+started.wait()
+time.sleep(0.5)
+print("main returns", flush=True)
+"""
+
+
+def test_exit_with_daemon_threads_inside_pool_operations() -> None:
+    # The exit hook closes the pool while the daemon threads still run; what the finalizing
+    # interpreter collects afterwards must not wait for a lock a frozen thread holds.
+    for _ in range(3):
+        done = run_python_code(_DAEMONS, timeout=60, dev_mode=False, warnings_as_errors=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.strip() == "main returns"
