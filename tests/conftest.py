@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import dataclasses
 import gc
+import glob
 import os
 import subprocess
 import sys
@@ -43,15 +44,12 @@ def _have_protobuf() -> bool:
 # installed (the numpy-only wheel check), the modules that load models are not collected;
 # test_runtime_cli.py still checks what the command line says without protobuf.
 collect_ignore = [] if _have_protobuf() else [
-    "test_runtime_errors.py",
-    "test_runtime_examples.py",
-    "test_runtime_fidelity.py",
-    "test_runtime_fastpath.py",
-    "test_runtime_placement.py",
-    "test_runtime_stub.py",
-    "test_runtime_user.py",
-    "test_upstream_models.py",
-    "test_upstream_flows.py",
+    *sorted(
+        os.path.basename(path)
+        for pattern in ("test_runtime_*.py", "test_upstream_*.py")
+        for path in glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), pattern))
+        if os.path.basename(path) != "test_runtime_cli.py"
+    ),
     "typing/test_runtime_types.py",
 ]
 

@@ -217,8 +217,9 @@ def test_dlpack_ctypes_cli(args: list[str]) -> None:
 
 def test_serve_without_its_extra_says_what_to_install() -> None:
     proc = _run("serve", "--model-repository", "examples/model_repository",
-                hide=("uvicorn", "grpc"))
+                hide=("uvicorn", "grpc", "google"))
     assert proc.returncode == 1
     assert proc.stderr.strip() == (
-        'error: pb-tensor serve needs the serve extra (missing: uvicorn, grpc): pip install '
+        'error: pb-tensor serve needs the serve extra (missing: uvicorn, grpc, google.protobuf): '
+        'pip install '
         '-e ".[serve]" in a clone')
