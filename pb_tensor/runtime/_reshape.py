@@ -133,7 +133,8 @@ def renamed(tensor: Tensor, name: str, shape: tuple[int, ...] | None = None) -> 
     try:
         if dtype is TritonDtype.TYPE_BYTES or (dtype in _VIEWABLE and tensor.is_cpu()):
             # Tensor() keeps a contiguous numpy view as it is (no copy).
-            return Tensor(name, tensor.as_numpy().reshape(shape))
+            array = tensor.as_numpy()
+            return Tensor(name, array if have == shape else array.reshape(shape))
         if have == shape:
             return Tensor.from_dlpack(name, tensor)
         return Tensor.from_dlpack(name, np.asarray(tensor.as_numpy()).reshape(shape))
