@@ -617,3 +617,57 @@ def test_ensemble_errors_carry_triton_codes(repo: ModelRepository) -> None:
     with pytest.raises(InferenceError) as info:
         model.infer({"IN": np.array([1], np.int32)})
     assert info.value.code() == TritonError.INTERNAL
+
+
+# -- step requests the ensemble's own validation proves valid --------------------------------
+FIXED3 = ("""
+    backend: "python"
+    input [ { name: "IN" data_type: TYPE_INT32 dims: [ 3 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 3 ] } ]
+    """, ADD_ONE[1])  # fmt: skip
+
+TO_FLOAT = (ADD_ONE[0], """
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + np.float32(0.5))])
+                for r in requests]
+    """)  # fmt: skip
+
+
+def test_steps_are_validated_unless_the_ensemble_checked_their_inputs(tmp_path: Path) -> None:
+    # dims [-1] agree with [3] at load, as in Triton, so a request of another shape passes the
+    # ensemble's validation and fails the step's; a step fed by another step's output (which
+    # nobody checks) is validated too.
+    root = build(tmp_path / "models", {
+        "fixed3": FIXED3, "add_one": ADD_ONE, "to_float": TO_FLOAT,
+        "wild": ensemble([step("fixed3", {"IN": "IN"}, {"OUT": "OUT"})]),
+        "exact": ensemble([step("fixed3", {"IN": "IN"}, {"OUT": "OUT"})],
+                          inputs='{ name: "IN" data_type: TYPE_INT32 dims: [ 3 ] }'),
+        "float_fed": ensemble([step("to_float", {"IN": "IN"}, {"OUT": "t"}),
+                               step("add_one", {"IN": "t"}, {"OUT": "OUT"})]),
+    })  # fmt: skip
+    with ModelRepository(root) as repo:
+        wild = repo.load("wild", isolated=False)
+        np.testing.assert_array_equal(wild.infer({"IN": np.array([1, 2, 3], np.int32)})["OUT"],
+                                      [2, 3, 4])  # fmt: skip
+        with pytest.raises(InferenceError) as info:
+            wild.infer({"IN": np.array([1, 2], np.int32)})
+        assert info.value.message() == (
+            "in ensemble 'wild', [request id: <id_unknown>] unexpected shape for input 'IN' for "
+            "model 'fixed3'. Expected [3], got [2]. ")
+        exact = repo.load("exact", isolated=False)
+        np.testing.assert_array_equal(exact.infer({"IN": np.array([1, 2, 3], np.int32)})["OUT"],
+                                      [2, 3, 4])  # fmt: skip
+        results = exact.infer_many([{"IN": np.array([5, 6, 7], np.int32)},
+                                    {"IN": np.array([1, 2], np.int32)}])  # fmt: skip
+        np.testing.assert_array_equal(results[0]["OUT"], [6, 7, 8])  # type: ignore[index]
+        assert isinstance(results[1], InferenceError)
+        assert results[1].message() == (
+            "[request id: <id_unknown>] unexpected shape for input 'IN' for model 'exact'. "
+            "Expected [3], got [2]. ")
+        with pytest.raises(InferenceError) as info:
+            repo.load("float_fed", isolated=False).infer({"IN": np.array([1], np.int32)})
+        assert info.value.message() == (
+            "in ensemble 'float_fed', [request id: <id_unknown>] inference input 'IN' "
+            "data-type is 'FP64', but model 'add_one' expects 'INT32'")

@@ -188,7 +188,11 @@ class EnsembleModel(LoadedModel):
         batching = self._request_batch(data) != 0
         tensors = []
         for name, tensor, batch_size in values:
-            if tensor is not None:
+            if tensor is None:
+                continue
+            if batching == (batch_size != 0):  # no batch dimension to add or strip
+                tensors.append(tensor if tensor.name() == name else renamed(tensor, name))
+            else:
                 shape = reshaped(self._output_dims[name], batching, batch_size,
                                   tuple(tensor.shape()))  # fmt: skip
                 tensors.append(renamed(tensor, name, shape))

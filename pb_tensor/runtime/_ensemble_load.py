@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pb_tensor.runtime import _schema
 from pb_tensor.runtime._ensemble import EnsembleModel
-from pb_tensor.runtime._ensemble_steps import Step
+from pb_tensor.runtime._ensemble_steps import Step, proven_outputs
 from pb_tensor.runtime._ensemble_validate import (
     ENSEMBLE_PLATFORM,
     EnsembleConfigError,
@@ -119,19 +119,25 @@ def load_ensemble(
     except EnsembleConfigError as exc:
         raise ModelLoadError(f"failed to load {where}: {exc}") from None
     config.model_transaction_policy.decoupled = decoupled
+    spec = ModelSpec.from_config(config)
     steps = []
     for step in config.ensemble_scheduling.step:
         model_config = completed[step.model_name]
         model = models[(step.model_name, step.model_version if step.model_version > 0 else -1)]
         dims = {i.name: tuple(i.dims) for i in model_config.input}
+        batching = model_config.max_batch_size > 0
+        inputs = tuple((k, v, dims[k]) for k, v in step.input_map.items())
+        requested = tuple(step.output_map)
         steps.append(Step(
             model,
-            model_config.max_batch_size > 0,
-            tuple((k, v, dims[k]) for k, v in step.input_map.items()),
+            batching,
+            inputs,
             dict(step.output_map),
-            tuple(step.output_map),
+            requested,
             model.isolated,
             model.isolated and not isinstance(model, EnsembleModel),
+            proven_outputs(spec, ModelSpec.from_config(model_config), batching, inputs,
+                           requested),
         ))  # fmt: skip
     output_dims = {
         o.name: tuple(o.reshape.shape if o.HasField("reshape") else o.dims)
@@ -139,7 +145,7 @@ def load_ensemble(
     }
     return EnsembleModel(
         repository, name=name, version=version, config=_schema.config_to_dict(config),
-        spec=ModelSpec.from_config(config), isolated=isolated, decoupled=decoupled,
+        spec=spec, isolated=isolated, decoupled=decoupled,
         timeout=timeout, steps=steps,
         optional_inputs=[i.name for i in config.input if i.optional],
         output_dims=output_dims,

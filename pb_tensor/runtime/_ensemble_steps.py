@@ -17,9 +17,10 @@ from pb_tensor.runtime._seam import TritonError
 
 if TYPE_CHECKING:
     from pb_tensor.runtime._model import LoadedModel
+    from pb_tensor.runtime._validate import ModelSpec
 
-__all__ = ["Override", "Step", "Value", "dataflow_order", "reshaped", "sequence_override",
-           "step_request"]  # fmt: skip
+__all__ = ["Override", "Step", "Value", "dataflow_order", "proven_outputs", "reshaped",
+           "sequence_override", "step_request"]  # fmt: skip
 
 log = logging.getLogger("pb_tensor.runtime")
 
@@ -47,6 +48,10 @@ class Step:
     requested: tuple[str, ...]
     pooled_inputs: bool  # the model runs in a stub: pooled tensors reach it as they are
     pooled_outputs: bool  # ... and answers with tensors in the pool
+    # The requested outputs as the step model's validation gives them, when every request
+    # the ensemble accepts gives this step a valid request (see proven_outputs); else None
+    # and the step model validates each request as Triton does.
+    proven: tuple[str, ...] | None = None
 
 
 def _same_dims(config: Sequence[int], shape: Sequence[int]) -> bool:
@@ -67,6 +72,42 @@ def reshaped(
         elif not _same_dims(dims, shape) and batch_size == 1:
             return shape[1:]
     return shape
+
+
+def proven_outputs(
+    ensemble: ModelSpec, model: ModelSpec, batching: bool,
+    inputs: Sequence[tuple[str, str, tuple[int, ...]]], requested: Sequence[str],
+) -> tuple[str, ...] | None:
+    """The requested outputs validation of a step's requests would give, when the ensemble's
+    own validation proves every such request valid; None when it does not (the step model
+    then validates each request).
+
+    Proven only where each of the step's model inputs is mapped from a required ensemble
+    input (no reshape) of the same data type whose dims fix every dim the model's fix, the
+    model has no optional input and gets all its inputs, batching agrees and the ensemble's
+    ``max_batch_size`` is within the model's: a tensor another step made is never proven
+    (Triton checks no model's outputs), so its consumer validates it."""
+    if not requested or not model.all_required or len(inputs) != len(model.table):
+        return None
+    if batching != (ensemble.max_batch_size > 0) or ensemble.max_batch_size > max(
+        model.max_batch_size, 0
+    ):
+        return None
+    given = {i.name: i for i in ensemble.inputs}
+    for model_input, tensor, _ in inputs:
+        source = given.get(tensor)
+        entry = model.table.get(model_input)
+        if source is None or entry is None or source.optional or source.reshape is not None:
+            return None
+        dtype, dims = entry
+        if source.dtype != dtype or len(source.dims) != len(dims):
+            return None
+        if not all(want in (_WILDCARD, have) for want, have in zip(dims, source.dims)):
+            return None
+    known = model.output_list
+    if any(name not in known for name in requested):
+        return None
+    return tuple(dict.fromkeys(requested))
 
 
 def dataflow_order(steps: Sequence[Step], inputs: Iterable[str]) -> list[int]:
@@ -168,7 +209,9 @@ def step_request(
                 renaming = True
             else:
                 pooled = None
-    request = RequestData(inputs, list(step.requested), data.request_id, correlation_id, flags,
-                          data.parameters, data.timeout_us,
+    proven = step.proven
+    request = RequestData(inputs, list(step.requested if proven is None else proven),
+                          data.request_id, correlation_id, flags, data.parameters,
+                          data.timeout_us, proven is not None,
                           pooled=pooled if renaming else None)  # fmt: skip
     return request, batch_size

@@ -124,16 +124,23 @@ def renamed(tensor: Tensor, name: str, shape: tuple[int, ...] | None = None) -> 
     Raises:
         TritonModelException: ``shape`` does not fit, or the data cannot be viewed.
     """
+    dtype = tensor.dtype
+    if shape is None:
+        if tensor.name() == name:
+            return tensor
+        if dtype in _VIEWABLE and tensor.is_cpu():
+            # The same data under another name (a view: nothing copied or imported).
+            return Tensor(name, tensor.as_numpy().view())
     have = tuple(tensor.shape())
     if shape is None:
         shape = have
     if tensor.name() == name and have == shape:
         return tensor
-    dtype = tensor.dtype
     try:
         if dtype is TritonDtype.TYPE_BYTES or (dtype in _VIEWABLE and tensor.is_cpu()):
             # Tensor() keeps a contiguous numpy view as it is (no copy).
-            return Tensor(name, tensor.as_numpy().reshape(shape))
+            array = tensor.as_numpy()
+            return Tensor(name, array.view() if have == shape else array.reshape(shape))
         if have == shape:
             return Tensor.from_dlpack(name, tensor)
         return Tensor.from_dlpack(name, np.asarray(tensor.as_numpy()).reshape(shape))
