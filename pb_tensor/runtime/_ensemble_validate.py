@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pb_tensor.runtime._schema import ConfigError, validate_io
+
 __all__ = [
     "ENSEMBLE_PLATFORM",
     "EnsembleConfigError",
@@ -90,19 +92,10 @@ def _build_graph(config: Any) -> dict[str, _GraphTensor]:
 
 
 def _check_io(ios: Sequence[Any], prefix: str, model: str) -> None:
-    for io in ios:
-        if not io.name:
-            raise EnsembleConfigError(f"{prefix}must specify 'name' for {model}")
-        named = f"{prefix}'{io.name}' "
-        if io.data_type == 0:
-            raise EnsembleConfigError(f"{named}must specify 'data_type' for {model}")
-        if not io.dims:
-            raise EnsembleConfigError(f"{named}must specify 'dims' for {model}")
-        for d in io.dims:
-            if d < 1 and d != _WILDCARD:
-                raise EnsembleConfigError(
-                    f"{named}dimension must be integer >= 1, or {_WILDCARD} to indicate a "
-                    f"variable-size dimension for {model}")
+    try:
+        validate_io(ios, prefix, model)  # the same rules and texts as any model's
+    except ConfigError as exc:
+        raise EnsembleConfigError(str(exc)) from None
 
 
 def check_scheduling(config: Any, dir_name: str) -> None:

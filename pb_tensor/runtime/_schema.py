@@ -30,10 +30,10 @@ from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._model_config_desc import SERIALIZED_FILE_DESCRIPTOR
 
 __all__ = [
+    "ConfigError",
     "PYTHON_BACKEND",
     "PYTHON_FILENAME",
     "WILDCARD_DIM",
-    "ConfigError",
     "config_from_dict",
     "config_to_dict",
     "config_to_json",
@@ -43,6 +43,7 @@ __all__ = [
     "normalize_instance_groups",
     "parse_config_file",
     "validate",
+    "validate_io",
 ]
 
 PYTHON_BACKEND: Final = "python"
@@ -291,7 +292,12 @@ def normalize_instance_groups(config: Any, gpu_count: Callable[[], int] | None =
             raise ConfigError(f"{named} has kind {kind} but specifies one or more GPUs")
 
 
-def _validate_io(ios: Iterable[Any], prefix: str, model: str) -> None:
+def validate_io(ios: Iterable[Any], prefix: str, model: str) -> None:
+    """Triton's checks of a model's inputs or outputs (name, data type, dims).
+
+    Raises:
+        ConfigError: Triton's message for the first rule an input or output breaks.
+    """
     for io in ios:
         if not io.name:
             raise ConfigError(f"{prefix}must specify 'name' for {model}")
@@ -328,8 +334,8 @@ def validate(config: Any, model_dir: str) -> None:
         )
     if config.max_batch_size < 0:
         raise ConfigError(f"'max_batch_size' must be non-negative value for {config.name}")
-    _validate_io(config.input, "model input ", config.name)
-    _validate_io(config.output, "model output ", config.name)
+    validate_io(config.input, "model input ", config.name)
+    validate_io(config.output, "model output ", config.name)
 
 
 def decoupled(config: Any) -> bool:

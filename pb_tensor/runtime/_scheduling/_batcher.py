@@ -29,7 +29,9 @@ from pb_tensor.runtime._scheduling._stats import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 
-__all__ = ["BatchPolicy", "DynamicBatcher", "LevelPolicy", "RunBatch", "batch_policy"]
+__all__ = [
+    "BatchPolicy", "DynamicBatcher", "LevelPolicy", "RunBatch", "batch_policy", "gather_replies",
+]
 
 RunBatch = Callable[[Instance, list[RequestData], float | None, list[Cancellation | None]],
                     Iterable[Reply]]
@@ -233,24 +235,7 @@ class DynamicBatcher:
                 )
                 self._thread.start()
             self._cond.notify_all()
-        return self._replies(out, len(batch), [e.cancel for e in entries])
-
-    @staticmethod
-    def _replies(
-        out: queue.SimpleQueue[Reply | None], count: int, cancels: list[Cancellation]
-    ) -> Iterator[Reply]:
-        ended = 0
-        try:
-            while ended < count:
-                item = out.get()
-                if item is None:
-                    ended += 1
-                else:
-                    yield item
-        finally:
-            if ended < count:  # the caller stopped reading: cancel what still runs
-                for c in cancels:
-                    c.cancel()
+        return gather_replies(out, len(batch), [e.cancel for e in entries])
 
     def close(self) -> None:
         """Fail every queued request (the model is unloading) and stop forming batches."""
@@ -415,3 +400,23 @@ def _unloaded(name: str) -> InferenceError:
     return InferenceError(
         f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
     )
+
+
+def gather_replies(
+    out: queue.SimpleQueue[Reply | None], count: int, cancels: list[Cancellation]
+) -> Iterator[Reply]:
+    """The replies a batcher's instance thread puts on ``out`` for ``count`` requests (each
+    ends with a ``None``), for the caller to read; a caller that stops reading early cancels
+    what still runs."""
+    ended = 0
+    try:
+        while ended < count:
+            item = out.get()
+            if item is None:
+                ended += 1
+            else:
+                yield item
+    finally:
+        if ended < count:  # the caller stopped reading: cancel what still runs
+            for c in cancels:
+                c.cancel()

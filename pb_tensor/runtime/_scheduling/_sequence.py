@@ -30,6 +30,7 @@ import numpy as np
 from pb_tensor import Tensor
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
+from pb_tensor.runtime._scheduling._batcher import gather_replies
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
 from pb_tensor.runtime._scheduling._sequence_policy import SequencePolicy
 from pb_tensor.runtime._scheduling._stats import Statistics
@@ -170,7 +171,7 @@ class SequenceBatcher:
             self._cond.notify_all()
         for entry in queued:  # outside the lock: a cancelled one calls back at once
             entry.cancel.subscribe(functools.partial(self._cancelled, entry))
-        return _replies(out, len(batch), cancels)
+        return gather_replies(out, len(batch), cancels)
 
     def _cancelled(self, entry: _Pending) -> None:
         """``entry`` was cancelled: if it still waits, its sequence ends (Triton releases
@@ -476,22 +477,6 @@ def _null(tensor: Tensor) -> Tensor:
     if array.dtype == np.object_:
         return Tensor(tensor.name(), np.full(array.shape, b"", dtype=np.object_))
     return Tensor(tensor.name(), np.zeros_like(array))
-
-
-def _replies(out: queue.SimpleQueue[Reply | None], count: int,
-             cancels: list[Cancellation]) -> Iterator[Reply]:  # fmt: skip
-    ended = 0
-    try:
-        while ended < count:
-            item = out.get()
-            if item is None:
-                ended += 1
-            else:
-                yield item
-    finally:
-        if ended < count:  # the caller stopped reading: cancel what still runs
-            for c in cancels:
-                c.cancel()
 
 
 def _unloaded(name: str) -> InferenceError:
