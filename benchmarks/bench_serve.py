@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import serve_load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -172,7 +173,7 @@ class MLServer(Server):
 
 def _add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
     data = np.arange(n, dtype=np.float32).tobytes()
-    head = json.dumps({"inputs": [
+    head = json.dumps({"id": "1", "inputs": [
         {"name": f"INPUT{i}", "datatype": "FP32", "shape": [n],
          "parameters": {"binary_data_size": len(data)}} for i in (0, 1)],
         "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
@@ -180,72 +181,69 @@ def _add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
                                 "Content-Type": "application/octet-stream"}
 
 
-def http_worker(url: str, body: bytes, headers: dict[str, str], path: str
-                ) -> Callable[[], None]:
-    host, port = url.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=120)
-
-    def call() -> None:
-        conn.request("POST", path, body=body, headers=headers)
-        response = conn.getresponse()
-        response.read()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}")
-
-    return call
+_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-def grpc_worker(url: str, n: int) -> Callable[[], None]:
-    import grpc
+def _expected(n: int) -> dict[str, np.ndarray]:
+    a = np.arange(n, dtype=np.float32)
+    return {"OUTPUT0": a + a, "OUTPUT1": a - a}
 
+
+def _check_outputs(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    for name, value in want.items():
+        if name not in got or not np.array_equal(np.asarray(got[name], np.float32).ravel(),
+                                                 value):
+            raise RuntimeError(f"wrong answer for {name}: {got.get(name)!r}")
+
+
+def http_check(n: int) -> Callable[[bytes], None]:
+    """Checks an add_sub HTTP answer (binary-data extension or JSON) for the right values."""
+    want = _expected(n)
+
+    def check(answer: bytes) -> None:
+        head, offset = json.JSONDecoder().raw_decode(answer.decode("latin-1"))
+        got = {}
+        for out in head["outputs"]:
+            size = (out.get("parameters") or {}).get("binary_data_size")
+            if size is None:
+                got[out["name"]] = out["data"]
+            else:
+                got[out["name"]] = np.frombuffer(answer[offset:offset + size], np.float32)
+                offset += size
+        _check_outputs(got, want)
+
+    return check
+
+
+def grpc_request(n: int) -> bytes:
+    """A serialised add_sub ``ModelInferRequest``: two (n,) FP32 inputs as raw contents."""
     from pb_tensor.serve._protos import message
 
-    request_cls = message("ModelInferRequest")
-    response_cls = message("ModelInferResponse")
-    channel = grpc.insecure_channel(url)
-    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                                request_serializer=request_cls.SerializeToString,
-                                response_deserializer=response_cls.FromString)
-    request = request_cls(model_name="add_sub")
+    request = message("ModelInferRequest")(model_name="add_sub", id="1")
     data = np.arange(n, dtype=np.float32).tobytes()
     for i in (0, 1):
         request.inputs.add(name=f"INPUT{i}", datatype="FP32", shape=[n])
         request.raw_input_contents.append(data)
-
-    def call() -> None:
-        infer(request, timeout=120)
-
-    return call
+    return bytes(request.SerializeToString())
 
 
-def run(make: Callable[[], Callable[[], None]], concurrency: int, requests: int
-        ) -> tuple[float, list[float]]:
-    """Requests per second and the latencies (seconds) of ``requests`` calls spread over
-    ``concurrency`` threads."""
-    calls = [make() for _ in range(concurrency)]
-    for call in calls:
-        call()  # warm the connection
-    latencies: list[float] = []
-    lock = threading.Lock()
-    per_thread = max(1, requests // concurrency)
+def grpc_check(n: int) -> Callable[[bytes], None]:
+    """Checks an add_sub ``ModelInferResponse`` (raw or typed contents) for the values."""
+    from pb_tensor.serve._protos import message
 
-    def loop(call: Callable[[], None]) -> None:
-        mine = []
-        for _ in range(per_thread):
-            t = time.perf_counter()
-            call()
-            mine.append(time.perf_counter() - t)
-        with lock:
-            latencies.extend(mine)
+    response_cls = message("ModelInferResponse")
+    want = _expected(n)
 
-    threads = [threading.Thread(target=loop, args=(c,)) for c in calls]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    return len(latencies) / elapsed, latencies
+    def check(answer: bytes) -> None:
+        response = response_cls.FromString(answer)
+        got = {}
+        for i, out in enumerate(response.outputs):
+            got[out.name] = (np.frombuffer(response.raw_output_contents[i], np.float32)
+                             if len(response.raw_output_contents) > i
+                             else list(out.contents.fp32_contents))
+        _check_outputs(got, want)
+
+    return check
 
 
 def _raw_socket_seconds(payload: bytes) -> float:
@@ -276,7 +274,7 @@ def _raw_socket_seconds(payload: bytes) -> float:
 
 def _add_sub_json_body(n: int) -> tuple[bytes, dict[str, str]]:
     data = np.arange(n, dtype=np.float32).tolist()
-    body = json.dumps({"inputs": [
+    body = json.dumps({"id": "1", "inputs": [
         {"name": f"INPUT{i}", "datatype": "FP32", "shape": [n], "data": data}
         for i in (0, 1)]}).encode()  # fmt: skip
     return body, {"Content-Type": "application/json"}
@@ -301,6 +299,16 @@ def _identity_http_body(n: int) -> tuple[bytes, dict[str, str]]:
                          "Content-Type": "application/octet-stream"}
 
 
+def _identity_check(n: int) -> Callable[[bytes | bytearray], None]:
+    def check(answer: bytes | bytearray) -> None:
+        head, offset = json.JSONDecoder().raw_decode(bytes(answer[:4096]).decode("latin-1"))
+        out = np.frombuffer(answer, np.float32, count=n, offset=offset)
+        if head["outputs"][0]["shape"] != [n] or not (out == 1).all():
+            raise RuntimeError("wrong identity answer")
+
+    return check
+
+
 def _start_peers(args: argparse.Namespace) -> dict[str, Server]:
     peers: dict[str, Server] = {}
     for name, cls, python, module in (("KServe", KServe, args.kserve_python, "kserve"),
@@ -320,7 +328,7 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float]]]],
+def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float], float]]],
              servers: dict[str, Server]) -> None:
     def rate(mode: str, proto: str, conc: int) -> float:
         return max(r[0] for r in results[(mode, proto, conc)])
@@ -341,6 +349,8 @@ def _big_transfer(rounds: int) -> None:
     MiB inputs, two 32 MiB outputs: the model's numpy work counts too), in-process, against
     64 MiB one way over a raw loopback socket."""
     payload = bytes(64 * 1024 * 1024)
+    checks = {"identity": _identity_check(16 * 1024 * 1024),
+              "add_sub": http_check(8 * 1024 * 1024)}
     with tempfile.TemporaryDirectory() as tmp:
         cases = [("identity", Serve("--in-process", repository=_identity_repository(tmp),
                                     model="identity"), _identity_http_body(16 * 1024 * 1024)),
@@ -348,17 +358,23 @@ def _big_transfer(rounds: int) -> None:
         try:
             times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
             raw_times = []
-            calls = [(name, http_worker(serve.http, body, headers,
-                                        f"/v2/models/{name}/infer"))
-                     for name, serve, (body, headers) in cases]
-            for _, call in calls:
-                call()  # warm
+            conns = []
+            for name, serve, (body, headers) in cases:
+                conn = serve_load.http_client(serve.http, f"/v2/models/{name}/infer", body,
+                                              headers)()
+                reference = bytes(serve_load.call(conn))  # warm, and checked
+                checks[name](reference)
+                conns.append((name, conn, reference))
             for _ in range(rounds):
-                for name, call in calls:
+                for name, conn, reference in conns:
                     t = time.perf_counter()
-                    call()
+                    answer = serve_load.call(conn)
                     times[name].append(time.perf_counter() - t)
+                    if answer != reference:
+                        checks[name](answer)
                 raw_times.extend(_raw_socket_seconds(payload) for _ in range(3))
+            for _, conn, _ in conns:
+                conn.sock.close()
         finally:
             for _, serve, _ in cases:
                 serve.stop()
@@ -387,33 +403,36 @@ def main() -> None:
     requests = 400 if args.quick else 3000
     rounds = 2 if args.quick else 3
     servers: dict[str, Server] = {"in-process": Serve("--in-process"), "stub": Serve()}
-    results: dict[tuple[str, str, int], list[tuple[float, list[float]]]] = {}
+    results: dict[tuple[str, str, int], list[tuple[float, list[float], float]]] = {}
     try:
         servers.update(_start_peers(args))
         binary_body, binary_headers = _add_sub_http_body(16)
         json_body, json_headers = _add_sub_json_body(16)
+        message, checks = grpc_request(16), {"HTTP": http_check(16), "gRPC": grpc_check(16)}
         for _ in range(rounds):
             for mode, server in servers.items():
                 body, headers = ((binary_body, binary_headers) if server.binary
                                  else (json_body, json_headers))
+                makers = {
+                    "HTTP": serve_load.http_client(server.http, "/v2/models/add_sub/infer",
+                                                   body, headers),
+                    "gRPC": serve_load.grpc_client(server.grpc, _INFER, message),
+                }  # fmt: skip
                 for concurrency in (1, 16):
-                    http_make = lambda s=server, b=body, h=headers: http_worker(  # noqa: E731
-                        s.http, b, h, "/v2/models/add_sub/infer")
-                    grpc_make = lambda s=server: grpc_worker(s.grpc, 16)  # noqa: E731
-                    for proto, make in (("HTTP", http_make), ("gRPC", grpc_make)):
+                    for proto, make in makers.items():
                         results.setdefault((mode, proto, concurrency), []).append(
-                            run(make, concurrency, requests))
+                            serve_load.drive(make, concurrency, requests, checks[proto]))
         print(f"add_sub, two (16,) FP32 inputs, {requests} requests per case, best of "
-              f"{rounds} interleaved rounds")
+              f"{rounds} interleaved rounds; client: the load generator's CPU per call")
         print(f"{'server':<12}{'protocol':<14}{'clients':>8}{'req/s':>10}{'p50 ms':>10}"
-              f"{'p99 ms':>10}")
+              f"{'p99 ms':>10}{'client us':>11}")
         for (mode, proto, concurrency), runs in results.items():
-            rate, lat = max(runs, key=lambda r: r[0])
+            rate, lat, cpu = max(runs, key=lambda r: r[0])
             q = statistics.quantiles(lat, n=100)
             shown = proto if proto == "gRPC" else (
                 "HTTP binary" if servers[mode].binary else "HTTP JSON")
             print(f"{mode:<12}{shown:<14}{concurrency:>8}{rate:>10.0f}{q[49] * 1e3:>10.2f}"
-                  f"{q[98] * 1e3:>10.2f}")
+                  f"{q[98] * 1e3:>10.2f}{cpu * 1e6:>11.0f}")
         _targets(results, servers)
     finally:
         for server in servers.values():
