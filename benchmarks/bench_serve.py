@@ -104,6 +104,24 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError(f"{type(self).__name__} did not get ready")
 
+    def cpu(self) -> float:
+        """CPU seconds used so far by the server and its child processes (stubs, workers)
+        alive now; 0 where ``/proc`` does not tell."""
+        total, todo = 0.0, [self.proc.pid]
+        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        todo.extend(int(c) for c in f.read().split())
+            except OSError:
+                continue
+        return total
+
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -328,7 +346,7 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float], float]]],
+def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]],
              servers: dict[str, Server]) -> None:
     def rate(mode: str, proto: str, conc: int) -> float:
         return max(r[0] for r in results[(mode, proto, conc)])
@@ -403,7 +421,7 @@ def main() -> None:
     requests = 400 if args.quick else 3000
     rounds = 2 if args.quick else 3
     servers: dict[str, Server] = {"in-process": Serve("--in-process"), "stub": Serve()}
-    results: dict[tuple[str, str, int], list[tuple[float, list[float], float]]] = {}
+    results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]] = {}
     try:
         servers.update(_start_peers(args))
         binary_body, binary_headers = _add_sub_http_body(16)
@@ -420,19 +438,24 @@ def main() -> None:
                 }  # fmt: skip
                 for concurrency in (1, 16):
                     for proto, make in makers.items():
+                        before = server.cpu()
+                        rate, lat, client = serve_load.drive(make, concurrency, requests,
+                                                             checks[proto])
+                        used = (server.cpu() - before) / len(lat)
                         results.setdefault((mode, proto, concurrency), []).append(
-                            serve_load.drive(make, concurrency, requests, checks[proto]))
+                            (rate, lat, client, used))
         print(f"add_sub, two (16,) FP32 inputs, {requests} requests per case, best of "
-              f"{rounds} interleaved rounds; client: the load generator's CPU per call")
+              f"{rounds} interleaved rounds; server / client us: CPU per call of the server (with "
+              "its child processes) and of the load generator")
         print(f"{'server':<12}{'protocol':<14}{'clients':>8}{'req/s':>10}{'p50 ms':>10}"
-              f"{'p99 ms':>10}{'client us':>11}")
+              f"{'p99 ms':>10}{'server us':>11}{'client us':>11}")
         for (mode, proto, concurrency), runs in results.items():
-            rate, lat, cpu = max(runs, key=lambda r: r[0])
+            rate, lat, client, used = max(runs, key=lambda r: r[0])
             q = statistics.quantiles(lat, n=100)
             shown = proto if proto == "gRPC" else (
                 "HTTP binary" if servers[mode].binary else "HTTP JSON")
             print(f"{mode:<12}{shown:<14}{concurrency:>8}{rate:>10.0f}{q[49] * 1e3:>10.2f}"
-                  f"{q[98] * 1e3:>10.2f}{cpu * 1e6:>11.0f}")
+                  f"{q[98] * 1e3:>10.2f}{used * 1e6:>11.0f}{client * 1e6:>11.0f}")
         _targets(results, servers)
     finally:
         for server in servers.values():
