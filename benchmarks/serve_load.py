@@ -4,8 +4,8 @@ Every request is built once, as the bytes that go on the wire, and sent again an
 
 - HTTP/1.1: the request line, headers and body as one ``bytes``, written to a plain socket;
   the answer is read with a minimal reader (status line, ``Content-Length``, then the whole
-  body into a buffer of that size; or a chunked body, which KServe sends). A status other
-  than 200 is an error.
+  body into a buffer of that size, reused by the next answer of the same size; or a
+  chunked body, which KServe sends). A status other than 200 is an error.
 - gRPC: HTTP/2 spoken directly on a plain socket: the connection preface and settings
   once, then per call one prebuilt HEADERS frame (HPACK literals, no dynamic table) and one
   DATA frame holding the serialised ``ModelInferRequest`` (only the stream id changes).
@@ -82,6 +82,7 @@ class _Http(_Connection):
         self._body: bytearray | None = None
         self._got = 0
         self._chunked = False
+        self._spare: bytearray | None = None
 
     def start(self) -> None:
         self._buf, self._body, self._got, self._chunked = b"", None, 0, False
@@ -129,7 +130,11 @@ class _Http(_Connection):
                 self._chunked = True
                 self._buf = data
                 return self._chunks()
-            self._body = bytearray(length)
+            # The last answer's buffer is reused when the size matches (an answer is valid
+            # until the next call): no fresh pages to fault in for every large answer.
+            spare = self._spare
+            self._body = spare if spare is not None and len(spare) == length else bytearray(
+                length)
         body = self._body
         body[self._got:self._got + len(data)] = data
         self._got += len(data)
@@ -137,7 +142,7 @@ class _Http(_Connection):
             return False
         if self._got > len(body):
             raise RuntimeError("HTTP answer longer than its Content-Length")
-        self.answer = body
+        self.answer = self._spare = body
         return True
 
     def read_into(self) -> bool | None:
@@ -152,7 +157,7 @@ class _Http(_Connection):
         self._got += got
         if self._got < len(self._body):
             return False
-        self.answer = self._body
+        self.answer = self._spare = self._body
         return True
 
 
