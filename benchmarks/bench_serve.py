@@ -4,13 +4,16 @@ KServe's ``ModelServer`` and MLServer (each serving the same numpy add_sub,
 ``benchmarks/peers/``); and a 64 MiB FP32 tensor over HTTP binary data against the same bytes
 sent over a raw loopback socket.
 
-One load generator for every server (threads, one persistent connection each: raw
-``http.client`` requests, and grpcio's unary calls with the KServe v2 / Triton
-``ModelInferRequest``, inputs as ``raw_input_contents``), rounds interleaved between the
-servers so that load changes on the machine fall on all of them. HTTP bodies use the
-binary-data extension where the server has it (pb-tensor, KServe) and JSON otherwise
-(MLServer); the table says which. Prints requests per second and p50 / p99 latencies per
-case, then the issue's targets.
+One load generator for every server (``serve_load.py``): every request is built once as the
+bytes that go on the wire (HTTP/1.1; gRPC as HTTP/2 frames with the serialised KServe v2 /
+Triton ``ModelInferRequest``, inputs as ``raw_input_contents``) and written to plain
+sockets, one connection per client with one request in flight, all driven by one thread;
+every answer is checked (the first one decoded, the others compared with it). Rounds are
+interleaved between the servers so that load changes on the machine fall on all of them.
+HTTP bodies use the binary-data extension where the server has it (pb-tensor, KServe) and
+JSON otherwise (MLServer); the table says which. Prints requests per second, p50 / p99
+latencies and the CPU per call of the server (with its child processes, from ``/proc``)
+and of the load generator, then the issue's targets.
 
 KServe and MLServer run from the Python interpreters given with ``--kserve-python`` and
 ``--mlserver-python`` (default: this interpreter); one without the package is skipped with
@@ -189,7 +192,9 @@ class MLServer(Server):
         self._wait_ready()
 
 
-def _add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
+def add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
+    """An add_sub HTTP request (two (n,) FP32 inputs, binary data both ways) and its
+    headers."""
     data = np.arange(n, dtype=np.float32).tobytes()
     head = json.dumps({"id": "1", "inputs": [
         {"name": f"INPUT{i}", "datatype": "FP32", "shape": [n],
@@ -199,7 +204,7 @@ def _add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
                                 "Content-Type": "application/octet-stream"}
 
 
-_INFER = "/inference.GRPCInferenceService/ModelInfer"
+INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def _expected(n: int) -> dict[str, np.ndarray]:
@@ -233,11 +238,11 @@ def http_check(n: int) -> Callable[[bytes], None]:
     return check
 
 
-def grpc_request(n: int) -> bytes:
+def grpc_request(n: int, model: str = "add_sub") -> bytes:
     """A serialised add_sub ``ModelInferRequest``: two (n,) FP32 inputs as raw contents."""
     from pb_tensor.serve._protos import message
 
-    request = message("ModelInferRequest")(model_name="add_sub", id="1")
+    request = message("ModelInferRequest")(model_name=model, id="1")
     data = np.arange(n, dtype=np.float32).tobytes()
     for i in (0, 1):
         request.inputs.add(name=f"INPUT{i}", datatype="FP32", shape=[n])
@@ -372,7 +377,7 @@ def _big_transfer(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cases = [("identity", Serve("--in-process", repository=_identity_repository(tmp),
                                     model="identity"), _identity_http_body(16 * 1024 * 1024)),
-                 ("add_sub", Serve("--in-process"), _add_sub_http_body(8 * 1024 * 1024))]
+                 ("add_sub", Serve("--in-process"), add_sub_http_body(8 * 1024 * 1024))]
         try:
             times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
             raw_times = []
@@ -424,7 +429,7 @@ def main() -> None:
     results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]] = {}
     try:
         servers.update(_start_peers(args))
-        binary_body, binary_headers = _add_sub_http_body(16)
+        binary_body, binary_headers = add_sub_http_body(16)
         json_body, json_headers = _add_sub_json_body(16)
         message, checks = grpc_request(16), {"HTTP": http_check(16), "gRPC": grpc_check(16)}
         for _ in range(rounds):
@@ -434,7 +439,7 @@ def main() -> None:
                 makers = {
                     "HTTP": serve_load.http_client(server.http, "/v2/models/add_sub/infer",
                                                    body, headers),
-                    "gRPC": serve_load.grpc_client(server.grpc, _INFER, message),
+                    "gRPC": serve_load.grpc_client(server.grpc, INFER, message),
                 }  # fmt: skip
                 for concurrency in (1, 16):
                     for proto, make in makers.items():

@@ -295,13 +295,25 @@ def drive(make: Callable[[], _Connection], clients: int, requests: int, check: A
     Raises:
         RuntimeError: a call failed or answered wrongly.
     """
-    conns = [make() for _ in range(clients)]
-    reference = bytes(call(conns[0]))
-    check(reference)
-    for conn in conns[1:]:
-        if call(conn) != reference:
-            check(conn.answer)
+    conns: list[_Connection] = []
     selector = selectors.DefaultSelector()
+    try:
+        for _ in range(clients):
+            conns.append(make())
+        reference = bytes(call(conns[0]))
+        check(reference)
+        for conn in conns[1:]:
+            if call(conn) != reference:
+                check(conn.answer)
+        return _run(selector, conns, requests, reference, check)
+    finally:
+        selector.close()
+        for conn in conns:
+            conn.sock.close()
+
+
+def _run(selector: selectors.BaseSelector, conns: list[_Connection], requests: int,
+         reference: bytes, check: Answer) -> tuple[float, list[float], float]:
     started: dict[int, float] = {}
     latencies: list[float] = []
     sent = 0
@@ -314,26 +326,24 @@ def drive(make: Callable[[], _Connection], clients: int, requests: int, check: A
         conn.start()
         sent += 1
     pending = sent
-    try:
-        while pending:
-            for key, _ in selector.select(120):
-                conn = key.data
-                if not _readable(conn):
-                    continue
-                now = time.perf_counter()
-                latencies.append(now - started[id(conn)])
-                if conn.answer != reference:
-                    check(conn.answer)
-                if sent < requests:
-                    started[id(conn)] = time.perf_counter()
-                    conn.start()
-                    sent += 1
-                else:
-                    pending -= 1
-        elapsed = time.perf_counter() - begin
-        cpu = _cpu() - cpu
-    finally:
-        selector.close()
-        for conn in conns:
-            conn.sock.close()
+    while pending:
+        events = selector.select(120)
+        if not events:
+            raise RuntimeError("no answer within 120 s")
+        for key, _ in events:
+            conn = key.data
+            if not _readable(conn):
+                continue
+            now = time.perf_counter()
+            latencies.append(now - started[id(conn)])
+            if conn.answer != reference:
+                check(conn.answer)
+            if sent < requests:
+                started[id(conn)] = time.perf_counter()
+                conn.start()
+                sent += 1
+            else:
+                pending -= 1
+    elapsed = time.perf_counter() - begin
+    cpu = _cpu() - cpu
     return len(latencies) / elapsed, latencies, cpu / len(latencies)
