@@ -86,10 +86,12 @@ def _build(base: Any, cycle_base: Any, limit: int) -> Any:
         pb_start: Any = None
 
         async def send(self, message: Any) -> None:
-            # The response start is held back and written with the first body message
-            # (one write, one system call, for a small response).
+            # The start of a response with a Content-Length is held back and written with
+            # the first body message (one write, one system call, for a small response); a
+            # streamed one (server-sent events) starts at once.
             self_: Any = self
-            if message["type"] == "http.response.start" and not self_.response_started:
+            if message["type"] == "http.response.start" and not self_.response_started and any(
+                    name == b"content-length" for name, _ in message.get("headers", ())):
                 self_.pb_start = message
                 return
             start = self_.pb_start
