@@ -2,7 +2,8 @@
 HTTP and gRPC at concurrency 1 and 16, for ``serve --in-process``, ``serve`` (stub processes),
 KServe's ``ModelServer`` and MLServer (each serving the same numpy add_sub,
 ``benchmarks/peers/``); and a 64 MiB FP32 tensor over HTTP binary data against the same bytes
-sent over a raw loopback socket.
+sent over a raw loopback socket. ``grpc floor`` (``peers/grpc_floor.py``) is grpcio's asyncio
+server answering every call with prebuilt bytes: what any grpcio-based server costs at least.
 
 One load generator for every server (``serve_load.py``): every request is built once as the
 bytes that go on the wire (HTTP/1.1; gRPC as HTTP/2 frames with the serialised KServe v2 /
@@ -192,6 +193,30 @@ class MLServer(Server):
         self._wait_ready()
 
 
+class GrpcFloor(Server):
+    """``peers/grpc_floor.py``: grpcio's asyncio server answering with prebuilt bytes (gRPC
+    only)."""
+
+    def __init__(self) -> None:
+        port = _free_port()
+        self.grpc = f"127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(PEERS, "grpc_floor.py"), str(port)],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"grpc_floor exited with {self.proc.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("grpc_floor did not start")
+
+
 def add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
     """An add_sub HTTP request (two (n,) FP32 inputs, binary data both ways) and its
     headers."""
@@ -365,6 +390,10 @@ def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float], 
                 ratio = rate(mode, proto, conc) / rate("KServe", proto, conc)
                 print(f"target {mode} >= {want:.0f}x KServe, {proto}, {conc:>2} clients: "
                       f"{ratio:.2f}x {_verdict(ratio >= want)}")
+    if "grpc floor" in servers:
+        for conc in (1, 16):
+            print(f"grpcio's floor (prebuilt answers) / KServe, gRPC, {conc:>2} clients: "
+                  f"{rate('grpc floor', 'gRPC', conc) / rate('KServe', 'gRPC', conc):.2f}x")
 
 
 def _big_transfer(rounds: int) -> None:
@@ -429,6 +458,7 @@ def main() -> None:
     results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]] = {}
     try:
         servers.update(_start_peers(args))
+        servers["grpc floor"] = GrpcFloor()
         binary_body, binary_headers = add_sub_http_body(16)
         json_body, json_headers = _add_sub_json_body(16)
         message, checks = grpc_request(16), {"HTTP": http_check(16), "gRPC": grpc_check(16)}
@@ -436,11 +466,11 @@ def main() -> None:
             for mode, server in servers.items():
                 body, headers = ((binary_body, binary_headers) if server.binary
                                  else (json_body, json_headers))
-                makers = {
-                    "HTTP": serve_load.http_client(server.http, "/v2/models/add_sub/infer",
-                                                   body, headers),
-                    "gRPC": serve_load.grpc_client(server.grpc, INFER, message),
-                }  # fmt: skip
+                makers = {"gRPC": serve_load.grpc_client(server.grpc, INFER, message)}
+                if server.http:  # not the grpcio floor
+                    makers["HTTP"] = serve_load.http_client(
+                        server.http, "/v2/models/add_sub/infer", body, headers)
+                    makers = {"HTTP": makers["HTTP"], "gRPC": makers["gRPC"]}
                 for concurrency in (1, 16):
                     for proto, make in makers.items():
                         before = server.cpu()
