@@ -1,5 +1,6 @@
 """Benchmark of ``pb-tensor serve`` against KServe's and MLServer's Python servers: add_sub over
-HTTP and gRPC at concurrency 1 and 16, for ``serve --in-process``, ``serve`` (stub processes),
+HTTP and gRPC at concurrency 1 and 16, for ``serve --in-process`` (and, as the ``inline``
+row, with the opt-in ``--inline-quick-models``), ``serve`` (stub processes),
 KServe's ``ModelServer`` and MLServer (each serving the same numpy add_sub,
 ``benchmarks/peers/``); and a 64 MiB FP32 tensor over HTTP binary data against the same bytes
 sent over a raw loopback socket. ``grpc floor`` (``peers/grpc_floor.py``) is grpcio's asyncio
@@ -454,7 +455,12 @@ def main() -> None:
     args = parser.parse_args()
     requests = 400 if args.quick else 3000
     rounds = 2 if args.quick else 3
-    servers: dict[str, Server] = {"in-process": Serve("--in-process"), "stub": Serve()}
+    servers: dict[str, Server] = {
+        "in-process": Serve("--in-process"),
+        # The opt-in (quick models on the event loop's thread): shown, not a target row.
+        "inline": Serve("--in-process", "--inline-quick-models"),
+        "stub": Serve(),
+    }
     results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]] = {}
     try:
         servers.update(_start_peers(args))

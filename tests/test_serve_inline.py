@@ -1,5 +1,7 @@
-"""With ``--in-process``, a model that has shown it is quick runs on the event loop's thread
-(no hand-over to a worker thread); one that turns slow there goes back to the workers, for
+"""With ``--in-process --inline-quick-models`` (an opt-in; by default every request runs on a
+worker thread, as Triton's stub runs ``execute`` where no asyncio loop is running), a model
+that has shown it is quick runs on the event loop's thread (no hand-over to a worker
+thread); one that turns slow there goes back to the workers, for
 good after the second time; models whose scheduler waits for other requests never run
 there. The model tells which thread ran it."""
 
@@ -49,18 +51,23 @@ _LOOP = "pb-tensor-serve-http"  # the HTTP service's event-loop thread
 _WORKER = "pb-tensor-serve-infer"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: Any) -> Iterator[Any]:
-    from pb_tensor.serve import Options, Server
-
+def _repository(tmp_path_factory: Any) -> str:
     root = tmp_path_factory.mktemp("inline")
     for name, batch, extra in (("quick", 0, ""), ("batched", 4, "dynamic_batching { }")):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(
             _CONFIG.format(name=name, batch=batch, extra=extra))
         (root / name / "1" / "model.py").write_text(_MODEL)
-    options = Options([str(root)], http_port=0, grpc_port=0, metrics_port=0,
-                      allow_metrics=False, allow_grpc=False, in_process=True)
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: Any) -> Iterator[Any]:
+    from pb_tensor.serve import Options, Server
+
+    options = Options([_repository(tmp_path_factory)], http_port=0, grpc_port=0, metrics_port=0,
+                      allow_metrics=False, allow_grpc=False, in_process=True,
+                      inline_quick_models=True)
     with Server(options) as running:
         yield running
 
@@ -120,3 +127,14 @@ def test_models_that_wait_for_others_never_run_on_the_loop(server: Any) -> None:
     assert policy.allowed(quick, alone=True)
     assert not policy.allowed(quick, alone=False)  # another request of it is in flight
     assert not policy.allowed(batched, alone=True)
+
+
+def test_without_the_opt_in_every_request_runs_on_a_worker(tmp_path_factory: Any) -> None:
+    from pb_tensor.serve import Options, Server
+    from pb_tensor.serve._inline import WARMUP
+
+    options = Options([_repository(tmp_path_factory)], http_port=0, grpc_port=0,
+                      metrics_port=0, allow_metrics=False, allow_grpc=False, in_process=True)
+    with Server(options) as running:
+        threads = {_thread(running, "quick") for _ in range(3 * WARMUP)}
+    assert all(t.startswith(_WORKER) for t in threads), threads

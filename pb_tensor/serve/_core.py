@@ -63,6 +63,9 @@ class Options:
     exit_on_error: bool = True
     log_verbose: int = 0
     in_process: bool = False
+    # --inline-quick-models: an opt-in, because a model run on the event loop's thread sees
+    # a running asyncio loop (asyncio.run in its execute fails) where Triton's stub has none.
+    inline_quick_models: bool = False
     # --http-max-input-size (Triton's default: 64 MiB)
     max_input_size: int = 64 * 1024 * 1024
 
@@ -358,7 +361,8 @@ class Core:
         # hand-over to a pool thread and back (see _inline).
         stream = self.stream(model, inputs, requested, parameters, request_id,
                              correlation_id, flags)
-        inline = self._inline.allowed(model, self.pending(model.name) == 1)
+        inline = self.options.inline_quick_models and self._inline.allowed(
+            model, self.pending(model.name) == 1)
 
         def run() -> Outputs | None:
             start = time.perf_counter_ns()

@@ -3,7 +3,9 @@
 Handing a request to a worker thread and its answer back to the event loop costs two thread
 wake-ups (measured on 2 cores: ~70 us of CPU and a quarter of the throughput of a
 16-element add_sub over HTTP). A model that has shown it is quick skips them: with
-``--in-process``, a request runs on the event loop's thread when its model
+``--in-process --inline-quick-models`` (an opt-in: there, ``execute`` runs where an asyncio
+loop is running, which Triton's stub never does), a request runs on the event loop's thread
+when its model
 
 - has no scheduler that waits for other requests (no ``dynamic_batching``, no
   ``sequence_batching``, not an ensemble) and is not decoupled,
