@@ -130,7 +130,11 @@ class _Stub:
         self.waiters: dict[int, queue.SimpleQueue[Message | None]] = {}
         self.waiters_lock = threading.Lock()
         self.call_ids = itertools.count(1)
-        self.cancelled: set[int] = set()
+        # The batches whose requests may still be answered, by the runtime's batch id: a
+        # decoupled ``async def execute`` leaves its batch running on the model's event loop
+        # while the next one starts (as Triton's stub returns to its message loop).
+        self.batches: dict[int, _Running] = {}
+        self.batches_lock = threading.Lock()
         self.reader = threading.Lock()
         self.execute_started = 0.0  # time.monotonic() when the running execute began, or 0
         self.closed = False
@@ -160,7 +164,11 @@ class _Stub:
             if box is not None:
                 box.put(message)
         elif kind == "cancel":
-            self.cancelled.add(int(message[2]))
+            batch_id, index = message[2]
+            with self.batches_lock:
+                running = self.batches.get(batch_id)
+            if running is not None:
+                running.cancelled.add(int(index))
         elif kind == "ack":
             pass  # Channel.recv already released what the runtime acknowledged
         else:
@@ -346,10 +354,11 @@ class _Stub:
             return
         self.channel.send("ready", None)
 
-    def execute(self, tensors: list[Tensor], body: list[tuple[Any, ...]]) -> None:
+    def execute(self, tensors: list[Tensor], message: tuple[int, list[tuple[Any, ...]]]) -> None:
+        batch_id, body = message
         host = self.host
         if host is None:
-            self.channel.send("done", ("the model is not initialized", [], []))
+            self.channel.send("done", ("the model is not initialized", [], [], [], batch_id))
             return
         batch = []
         at = 0
@@ -362,7 +371,9 @@ class _Stub:
                             timeout)
             )  # fmt: skip
             at += count
-        self.cancelled.clear()
+        running = _Running(len(batch))
+        with self.batches_lock:
+            self.batches[batch_id] = running
         decoupled = host.info.decoupled
         # A non-decoupled model's responses all exist when execute returns: they travel with
         # the "done" message (one message per batch instead of one per response).
@@ -371,15 +382,20 @@ class _Stub:
         held: list[tuple[int, InferenceResponse | None, int]] | None = []
         hold = threading.Lock()
 
+        def send(index: int, response: InferenceResponse | None, flags: int) -> None:
+            self.send_response(batch_id, index, response, flags)
+            if flags & _FINAL and running.finished(index):
+                self._forget(batch_id)
+
         def keep(index: int, response: InferenceResponse | None, flags: int) -> None:
             with hold:
                 if held is not None:
                     held.append((index, response, flags))
                     return
-            self.send_response(index, response, flags)
+            send(index, response, flags)
 
         requests = host.build_requests(
-            batch, self.send_response if decoupled else keep, self.cancelled.__contains__
+            batch, send if decoupled else keep, running.cancelled.__contains__
         )
         self.execute_started = time.monotonic()
         try:
@@ -392,6 +408,8 @@ class _Stub:
         replies: list[tuple[int, tuple[str, int] | None, str, int, bool, int]] = []
         outputs: list[Tensor] = []
         for index, response, flags in returned or ():
+            if flags & _FINAL:
+                running.finished(index)
             if response is None:
                 replies.append((index, None, "{}", flags, False, 0))
                 continue
@@ -399,19 +417,30 @@ class _Stub:
             replies.append((index, error_out, response.parameters(), flags, True,
                             len(tensors_out)))  # fmt: skip
             outputs.extend(tensors_out)
+        if error is not None or running.all_finished() or (not decoupled and not waiting):
+            self._forget(batch_id)
         try:
-            self.channel.send("done", (error, replies, waiting, requests.rescheduled), outputs)
+            self.channel.send(
+                "done", (error, replies, waiting, requests.rescheduled, batch_id), outputs
+            )
         except TritonModelException as exc:  # the pool cannot hold the outputs
             self.channel.send("done", (f"Failed to process the request(s) for model "
-                                       f"'{host.info.instance_name}', message: {exc}", [], []))
+                                       f"'{host.info.instance_name}', message: {exc}", [], [],
+                                       [], batch_id))  # fmt: skip
 
-    def send_response(self, index: int, response: InferenceResponse | None, flags: int) -> None:
+    def _forget(self, batch_id: int) -> None:
+        with self.batches_lock:
+            self.batches.pop(batch_id, None)
+
+    def send_response(
+        self, batch_id: int, index: int, response: InferenceResponse | None, flags: int
+    ) -> None:
         if response is None:
-            self.channel.send("response", (index, None, "{}", flags, False))
+            self.channel.send("response", (index, None, "{}", flags, False, batch_id))
             return
         error, tensors = self.outgoing(response)
         self.channel.send(
-            "response", (index, error, response.parameters(), flags, True), tensors
+            "response", (index, error, response.parameters(), flags, True, batch_id), tensors
         )  # fmt: skip
 
     def outgoing(
@@ -425,6 +454,25 @@ class _Stub:
             return (refusal, int(TritonError.UNSUPPORTED)), []
         err = response.error()
         return (None if err is None else (err.message(), int(err.code()))), tensors
+
+
+class _Running:
+    """A batch whose requests may still be answered: the cancellations the runtime sent for
+    it, and which requests got their final flag (the stub forgets it once all did)."""
+
+    __slots__ = ("cancelled", "pending")
+
+    def __init__(self, size: int) -> None:
+        self.cancelled: set[int] = set()
+        self.pending = set(range(size))
+
+    def finished(self, index: int) -> bool:
+        """Request ``index`` got its final flag; True once every request did."""
+        self.pending.discard(index)
+        return not self.pending
+
+    def all_finished(self) -> bool:
+        return not self.pending
 
 
 class _BlsStream(Iterator[InferenceResponse]):

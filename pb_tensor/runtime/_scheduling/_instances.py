@@ -36,6 +36,9 @@ class InstanceSet:
         self._idle: deque[Instance] = deque(self._all)
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
+        # The threads reading batches that no longer hold their instance (a decoupled
+        # model's execute returned, its responses still come): unloading waits for them.
+        self._background: list[int] = []
 
     @property
     def instances(self) -> list[Instance]:
@@ -113,15 +116,34 @@ class InstanceSet:
             self._idle.append(instance)
             self._cond.notify_all()
 
+    def detach(self, instance: Instance) -> int:
+        """``instance`` is idle again while the current thread still reads its batch's
+        replies (Triton's instance takes its next batch once ``execute`` returned); the
+        token for :meth:`finish`."""
+        owner = threading.get_ident()
+        with self._cond:
+            self._background.append(owner)
+            instance.owner = None
+            self._idle.append(instance)
+            self._cond.notify_all()
+        return owner
+
+    def finish(self, token: int) -> None:
+        """The batch :meth:`detach` gave ``token`` for ended."""
+        with self._cond:
+            self._background.remove(token)
+            self._cond.notify_all()
+
     def close(self) -> list[Instance]:
-        """Refuse further requests, wait until every instance is idle (but those the current
-        thread's own requests use), and give them all, for stopping."""
+        """Refuse further requests, wait until every instance is idle and every batch ended
+        (but those the current thread's own requests use), and give them all, for
+        stopping."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             while any(
                 i.owner is not None and not acts_for(i.owner) for i in self._all
-            ):
+            ) or any(not acts_for(owner) for owner in self._background):
                 self._cond.wait()
             self._idle.clear()
             return list(self._all)

@@ -141,15 +141,26 @@ class Scheduler:
             return
         exec_start = time.monotonic_ns()
         failed: set[int] = set()
+        detached: list[int] = []
+
+        def returned() -> None:
+            # A decoupled model's execute returned: the instance takes its next batch while
+            # this one's responses still come, as in Triton.
+            if not detached:
+                detached.append(self.instances.detach(got))
+
         try:
-            for reply in got.engine.run(valid, timeout, cancel):
+            for reply in got.engine.run(valid, timeout, cancel, returned):
                 if reply.error is not None:
                     failed.add(reply.index)
                 reply.index = where[reply.index]
                 yield reply
         finally:
             end = time.monotonic_ns()
-            self.instances.release(got)
+            if detached:
+                self.instances.finish(detached[0])
+            else:
+                self.instances.release(got)
             self._record(valid, failed, start_ns, exec_start, end)
 
     def _record(self, valid: list[RequestData], failed: set[int], start_ns: int,
