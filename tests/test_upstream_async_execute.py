@@ -54,16 +54,18 @@ class TritonPythonModel:
         await asyncio.gather(*(self._one(r) for r in requests))
         return None
 
-    def _out(self):
-        return pb_utils.InferenceResponse([pb_utils.Tensor("PEAK", np.array([self.peak], np.int32))])
+    def _out(self, shape):
+        peak = pb_utils.Tensor("PEAK", np.full(shape, self.peak, np.int32))
+        return pb_utils.InferenceResponse([peak])
 
     async def _one(self, request):
-        mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
-        want = int(pb_utils.get_input_tensor_by_name(request, "WANT").as_numpy()[0])
+        modes = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()
+        mode = int(modes.flatten()[0])
+        want = int(pb_utils.get_input_tensor_by_name(request, "WANT").as_numpy().flatten()[0])
         sender = request.get_response_sender()
         self.inflight += 1
         self.peak = max(self.peak, self.inflight)
-        sender.send(self._out())
+        sender.send(self._out(modes.shape))
         try:
             for _ in range(1000):
                 if sender.is_cancelled() if mode == 1 else self.peak >= want:
@@ -73,7 +75,8 @@ class TritonPythonModel:
             self.inflight -= 1
         if mode == 2:
             raise ValueError("raised on purpose")
-        sender.send(self._out(), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        sender.send(self._out(modes.shape),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
 
 _THREADS = '''
@@ -124,6 +127,8 @@ input [
 output [ { name: "PEAK" data_type: TYPE_INT32 dims: [ 1 ] } ]
 model_transaction_policy { decoupled: True }
 """
+# The same through the dynamic batcher, one request per batch.
+_BATCHER_CONFIG = _CONFIG + "max_batch_size: 1\ndynamic_batching { }\n"
 
 
 @pytest.fixture(scope="module")
@@ -136,15 +141,21 @@ def models_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "async_execute_decouple_bls": PYTHON_MODELS / "async_execute_decouple_bls",
         },
     )
-    for name, source in (("in_flight", _COROUTINE), ("in_flight_threads", _THREADS)):
+    for name, source, config in (
+        ("in_flight", _COROUTINE, _CONFIG),
+        ("in_flight_threads", _THREADS, _CONFIG),
+        ("in_flight_batcher", _COROUTINE, _BATCHER_CONFIG),
+    ):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(source)
-        (root / name / "config.pbtxt").write_text(_CONFIG)
+        (root / name / "config.pbtxt").write_text(config)
     return root
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["in_process", "isolated"])
-def repo(request: pytest.FixtureRequest, models_repo: Path) -> Iterator[tuple[ModelRepository, bool]]:
+def repo(
+    request: pytest.FixtureRequest, models_repo: Path
+) -> Iterator[tuple[ModelRepository, bool]]:
     with ModelRepository(models_repo) as repo:
         yield repo, bool(request.param)
 
@@ -166,7 +177,9 @@ def load(repo: tuple[ModelRepository, bool]) -> Iterator[Loader]:
         model.unload()
 
 
-def _streams(model: LoadedModel, inputs: list[dict[str, Any]]) -> list[list[Outputs | InferenceError]]:
+def _streams(
+    model: LoadedModel, inputs: list[dict[str, Any]]
+) -> list[list[Outputs | InferenceError]]:
     """Run each input as a stream of its own, all at once (as the upstream test's
     ``async_stream_infer`` calls); each stream's responses, or the error that ended it."""
     results: list[list[Outputs | InferenceError]] = [[] for _ in inputs]
@@ -187,11 +200,12 @@ def _streams(model: LoadedModel, inputs: list[dict[str, Any]]) -> list[list[Outp
     return results
 
 
-def _in_flight(mode: int, want: int) -> dict[str, Any]:
-    return {"MODE": np.array([mode], np.int32), "WANT": np.array([want], np.int32)}
+def _in_flight(mode: int, want: int, batched: bool = False) -> dict[str, Any]:
+    shape = [1, 1] if batched else [1]
+    return {"MODE": np.full(shape, mode, np.int32), "WANT": np.full(shape, want, np.int32)}
 
 
-# -- qa async_execute/concurrency_test.py -----------------------------------------------------------
+# -- qa async_execute/concurrency_test.py ----------------------------------------------------------
 @pytest.mark.parametrize(("batch_size", "number_of_requests"), [(4, 1), (1, 4)],
                          ids=["single_request", "multi_request"])  # fmt: skip
 @pytest.mark.parametrize("model_name", ["async_execute_decouple", "async_execute_decouple_bls"])
@@ -252,21 +266,24 @@ def test_model_raise_exception(load: Loader, caplog: pytest.LogCaptureFixture) -
     assert "ValueError: wait_secs cannot be negative" in caplog.text
 
 
-# -- the runtime's own models: what the model itself counts -----------------------------------------
-@pytest.mark.parametrize("name", ["in_flight", "in_flight_threads"])
+# -- the runtime's own models: what the model itself counts ----------------------------------------
+@pytest.mark.parametrize("name", ["in_flight", "in_flight_threads", "in_flight_batcher"])
 def test_requests_overlap_on_one_instance(load: Loader, name: str) -> None:
     """Four requests to one instance are all in the model at once: each waits until the
-    model held four (before: one at a time, each waited 10 s and saw one)."""
+    model held four (before: one at a time, each waited 10 s and saw one), also when the
+    dynamic batcher sends them one batch each."""
     model = load(name)
-    results = _streams(model, [_in_flight(GATHER, 4)] * 4)
+    results = _streams(model, [_in_flight(GATHER, 4, name == "in_flight_batcher")] * 4)
     for stream in results:
         final = stream[-1]
         assert isinstance(final, Outputs), final
         assert final.final
-        assert int(final["PEAK"][0]) == 4
+        assert int(final["PEAK"].flatten()[0]) == 4
 
 
-def test_raising_task_fails_only_its_request(load: Loader, caplog: pytest.LogCaptureFixture) -> None:
+def test_raising_task_fails_only_its_request(
+    load: Loader, caplog: pytest.LogCaptureFixture
+) -> None:
     """Of two requests in flight, the one whose coroutine raises ends with that error (the
     traceback is logged, as upstream logs it); the other gets its final response."""
     model = load("in_flight")
@@ -286,7 +303,9 @@ def test_raising_task_fails_only_its_request(load: Loader, caplog: pytest.LogCap
     )
     assert isinstance(raised[0], Outputs)  # its first response came before
     final = fine[-1]
-    assert isinstance(final, Outputs) and final.final and int(final["PEAK"][0]) == 2
+    assert isinstance(final, Outputs)
+    assert final.final
+    assert int(final["PEAK"][0]) == 2
     assert "ValueError: raised on purpose" in caplog.text
 
 
@@ -303,7 +322,9 @@ def test_cancel_one_request_in_flight(load: Loader) -> None:
         next(cancelled)
     assert info.value.code() == TritonError.CANCELLED
     rest = list(other)
-    assert len(rest) == 1 and rest[0].final and int(rest[0]["PEAK"][0]) == 2
+    assert len(rest) == 1
+    assert rest[0].final
+    assert int(rest[0]["PEAK"][0]) == 2
 
 
 def test_unload_waits_for_requests_in_flight(load: Loader) -> None:

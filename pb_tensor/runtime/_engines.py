@@ -284,10 +284,10 @@ class StubEngine:
                 elif kind == "done":
                     for reply in _batched(msg[1], out):
                         yield from tracker.reply(reply)
-                    ended = tracker.done(msg[0], msg[2], msg[3])
+                    finished = tracker.done(msg[0], msg[2], msg[3])
                     if returned is not None and info.decoupled and not tracker.finished:
                         returned()  # before the caller sees a reply: the instance is free
-                    yield from ended
+                    yield from finished
             if received >= _ACK_BYTES:
                 # The stub holds what it sent until told it was loaded; say so now rather than
                 # with the next request, so large responses do not stay pinned while idle.

@@ -5,7 +5,7 @@ recording the statistics of each."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pb_tensor.runtime._engines import Cancels
@@ -65,9 +65,10 @@ class Scheduler:
 
     @staticmethod
     def _run_batch(
-        instance: Instance, batch: list[RequestData], timeout: float | None, cancel: Cancels
+        instance: Instance, batch: list[RequestData], timeout: float | None, cancel: Cancels,
+        returned: Callable[[], None] | None = None,
     ) -> Iterable[Reply]:
-        return instance.engine.run(batch, timeout, cancel)
+        return instance.engine.run(batch, timeout, cancel, returned)
 
     def run(
         self, valid: list[RequestData], where: list[int], timeout: float | None,
