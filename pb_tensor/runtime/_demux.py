@@ -47,7 +47,9 @@ class Demux:
         self._serve = serve
         self._cond = threading.Condition(threading.Lock())
         self._boxes: dict[int | None, deque[Message]] = {None: deque()}
-        self._reading = False
+        # The reading thread (while it serves a stub's call, the call may wait for this
+        # stub too: a BLS request to the same model reads in that thread, nested).
+        self._reader: int | None = None
         self._closed: str | None = None
 
     def open(self, batch_id: int) -> None:
@@ -69,37 +71,43 @@ class Demux:
             NoAnswer: nothing came before the deadline.
         """
         cond = self._cond
-        while True:
-            with cond:
-                while True:
-                    box = self._boxes.get(key)
-                    if box:
-                        return box.popleft()
-                    if self._closed is not None:
-                        raise ChannelClosed(self._closed)
-                    if not self._reading:
-                        self._reading = True
-                        break
-                    wait = _SLICE
-                    if deadline is not None:
-                        wait = min(wait, deadline - time.monotonic())
-                        if wait <= 0:
-                            raise NoAnswer("no answer before the deadline")
-                    cond.wait(wait)
-            try:
-                message = self._read(key, deadline)
-            finally:
-                with cond:
-                    self._reading = False
-                    cond.notify_all()
-            if message is not None:
-                return message
+        me = threading.get_ident()
+        with cond:
+            while True:
+                box = self._boxes.get(key)
+                if box:
+                    return box.popleft()
+                if self._closed is not None:
+                    raise ChannelClosed(self._closed)
+                if self._reader == me:
+                    break  # nested: a stub call this thread serves waits for this stub
+                if self._reader is None:
+                    self._reader = me
+                    try:
+                        cond.release()
+                        try:
+                            return self._read(key, deadline)
+                        finally:
+                            cond.acquire()
+                    finally:
+                        self._reader = None
+                        cond.notify_all()
+                wait = _SLICE
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        raise NoAnswer("no answer before the deadline")
+                cond.wait(wait)
+        return self._read(key, deadline)
 
-    def _read(self, key: int | None, deadline: float | None) -> Message | None:
-        """As the reader: read until a message for ``key`` comes (returned) or another
-        waiter's came (None: it may now read itself)."""
+    def _read(self, key: int | None, deadline: float | None) -> Message:
+        """As the reader: read until a message for ``key`` comes, routing the others."""
         channel = self.channel
         while True:
+            with self._cond:
+                box = self._boxes.get(key)
+                if box:  # read by a nested reader (a stub call this thread served)
+                    return box.popleft()
             if deadline is not None:
                 remaining = max(0.0, deadline - time.monotonic())
                 if not channel.poll(remaining):
@@ -109,6 +117,7 @@ class Demux:
             except ChannelClosed as exc:
                 with self._cond:
                     self._closed = str(exc) or "end of stream"
+                    self._cond.notify_all()
                 raise
             kind, tensors, body = message
             target: int | None
@@ -123,8 +132,6 @@ class Demux:
                 return message
             with self._cond:
                 box = self._boxes.get(target)
-                if box is None:
-                    continue  # a batch nobody reads any more: dropped
-                box.append(message)
-                self._cond.notify_all()
-            return None
+                if box is not None:  # else a batch nobody reads any more: dropped
+                    box.append(message)
+                    self._cond.notify_all()

@@ -181,6 +181,11 @@ class InProcessEngine:
         def work() -> None:
             with acting_as(caller):
                 error = self.host.execute(requests)
+                if returned is not None:
+                    # The instance is free once execute returned, whether or not the caller
+                    # reads on (it may wait for another request first, as a coroutine
+                    # gathering several BLS streams does).
+                    returned()
                 events.put(_Returned(error, requests.rescheduled))
 
         threading.Thread(target=work, name=f"pb-tensor-execute-{info.name}", daemon=True).start()

@@ -24,7 +24,7 @@ from typing import Any
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._queue import QueuePolicy
-from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet, Lease
 from pb_tensor.runtime._scheduling._stats import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
@@ -372,14 +372,15 @@ class DynamicBatcher:
         exec_start = time.monotonic_ns()
         timeouts = [e.timeout for e in batch]
         timeout = None if None in timeouts else max(t for t in timeouts if t is not None)
-        detached: list[int] = []
+        lease = Lease(self._instances, instance)
+        detached: list[bool] = []
 
         def returned() -> None:
-            if not detached:
-                with self._cond:  # the instance's next batches go to a new thread
-                    if self._workers.get(id(instance)) is not None:
-                        del self._workers[id(instance)]
-                detached.append(self._instances.detach(instance))
+            with self._cond:  # the instance's next batches go to a new thread
+                if not detached and self._workers.get(id(instance)) is not None:
+                    del self._workers[id(instance)]
+                detached.append(True)
+            lease.returned()
 
         try:
             for reply in self._run(instance, [e.data for e in batch], timeout,
@@ -391,7 +392,7 @@ class DynamicBatcher:
                 entry.out.put(reply)
         except Exception as exc:  # the engine itself failed: every request fails with it
             self._failed(batch, exc)
-        self._ended(instance, batch, exec_start, detached)
+        self._ended(batch, exec_start, lease)
         return bool(detached)
 
     def _failed(self, batch: list[Pending], exc: Exception) -> None:
@@ -403,8 +404,7 @@ class DynamicBatcher:
             entry.failed = True
             entry.out.put(Reply(entry.where, [], error, "{}", FINAL, False))
 
-    def _ended(self, instance: Instance, batch: list[Pending], exec_start: int,
-               detached: list[int]) -> None:  # fmt: skip
+    def _ended(self, batch: list[Pending], exec_start: int, lease: Lease) -> None:
         end = time.monotonic_ns()
         total = sum(e.size for e in batch)
         self._stats.execution(total, exec_start, exec_start, end, end)
@@ -415,10 +415,7 @@ class DynamicBatcher:
                 self._stats.success(entry.size, entry.start_ns, exec_start, exec_start,
                                     end, end, end)  # fmt: skip
             entry.out.put(_END)
-        if detached:
-            self._instances.finish(detached[0])
-        else:
-            self._instances.release(instance)
+        lease.end()
 
 
 def _unloaded(name: str) -> InferenceError:

@@ -12,7 +12,7 @@ from pb_tensor.runtime._engines import Cancels
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, batch_policy
-from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet, Lease
 from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
 from pb_tensor.runtime._scheduling._sequence_policy import sequence_policy
 from pb_tensor.runtime._scheduling._stats import Statistics
@@ -142,26 +142,18 @@ class Scheduler:
             return
         exec_start = time.monotonic_ns()
         failed: set[int] = set()
-        detached: list[int] = []
-
-        def returned() -> None:
-            # A decoupled model's execute returned: the instance takes its next batch while
-            # this one's responses still come, as in Triton.
-            if not detached:
-                detached.append(self.instances.detach(got))
-
+        # A decoupled model's execute returned: the instance takes its next batch while this
+        # one's responses still come, as in Triton.
+        lease = Lease(self.instances, got)
         try:
-            for reply in got.engine.run(valid, timeout, cancel, returned):
+            for reply in got.engine.run(valid, timeout, cancel, lease.returned):
                 if reply.error is not None:
                     failed.add(reply.index)
                 reply.index = where[reply.index]
                 yield reply
         finally:
             end = time.monotonic_ns()
-            if detached:
-                self.instances.finish(detached[0])
-            else:
-                self.instances.release(got)
+            lease.end()
             self._record(valid, failed, start_ns, exec_start, end)
 
     def _record(self, valid: list[RequestData], failed: set[int], start_ns: int,
