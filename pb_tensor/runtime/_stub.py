@@ -37,6 +37,7 @@ from pb_tensor.runtime._host import (
 )
 from pb_tensor.runtime._placement import gpu_refusal, place
 from pb_tensor.runtime._reshape import renamed
+from pb_tensor.runtime._running import RunningBatch
 from pb_tensor.runtime._seam import (
     BLS_OUTSIDE_EXECUTE_MESSAGE,
     InferenceRequest,
@@ -133,7 +134,7 @@ class _Stub:
         # The batches whose requests may still be answered, by the runtime's batch id: a
         # decoupled ``async def execute`` leaves its batch running on the model's event loop
         # while the next one starts (as Triton's stub returns to its message loop).
-        self.batches: dict[int, _Running] = {}
+        self.batches: dict[int, RunningBatch] = {}
         self.batches_lock = threading.Lock()
         self.reader = threading.Lock()
         self.execute_started = 0.0  # time.monotonic() when the running execute began, or 0
@@ -371,7 +372,7 @@ class _Stub:
                             timeout)
             )  # fmt: skip
             at += count
-        running = _Running(len(batch))
+        running = RunningBatch(len(batch))
         with self.batches_lock:
             self.batches[batch_id] = running
         decoupled = host.info.decoupled
@@ -454,25 +455,6 @@ class _Stub:
             return (refusal, int(TritonError.UNSUPPORTED)), []
         err = response.error()
         return (None if err is None else (err.message(), int(err.code()))), tensors
-
-
-class _Running:
-    """A batch whose requests may still be answered: the cancellations the runtime sent for
-    it, and which requests got their final flag (the stub forgets it once all did)."""
-
-    __slots__ = ("cancelled", "pending")
-
-    def __init__(self, size: int) -> None:
-        self.cancelled: set[int] = set()
-        self.pending = set(range(size))
-
-    def finished(self, index: int) -> bool:
-        """Request ``index`` got its final flag; True once every request did."""
-        self.pending.discard(index)
-        return not self.pending
-
-    def all_finished(self) -> bool:
-        return not self.pending
 
 
 class _BlsStream(Iterator[InferenceResponse]):
