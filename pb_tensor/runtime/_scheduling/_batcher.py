@@ -24,7 +24,7 @@ from typing import Any
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._queue import QueuePolicy
-from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet, Lease
 from pb_tensor.runtime._scheduling._stats import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
@@ -33,9 +33,14 @@ __all__ = [
     "BatchPolicy", "DynamicBatcher", "LevelPolicy", "RunBatch", "batch_policy", "gather_replies",
 ]
 
-RunBatch = Callable[[Instance, list[RequestData], float | None, list[Cancellation | None]],
-                    Iterable[Reply]]
-"""``run(instance, batch, timeout, cancels)``: the replies of one ``execute`` call."""
+RunBatch = Callable[
+    [Instance, list[RequestData], float | None, list[Cancellation | None],
+     Callable[[], None] | None],
+    Iterable[Reply],
+]  # fmt: skip
+"""``run(instance, batch, timeout, cancels, returned)``: the replies of one ``execute``
+call; ``returned`` is called once a decoupled model's ``execute`` returned while replies may
+still come."""
 
 
 @dataclass(frozen=True)
@@ -287,9 +292,8 @@ class DynamicBatcher:
     def _work(self, work: queue.SimpleQueue[_Work | None]) -> None:
         while True:
             item = work.get()
-            if item is None:
+            if item is None or self._execute(*item):
                 return
-            self._execute(*item)
 
     def _expire(self, now_ns: int) -> None:
         """Drop cancelled requests and reject timed-out ones (``ApplyPolicyAtCursor``)."""
@@ -359,41 +363,59 @@ class DynamicBatcher:
                 self._queues[level] = deque(e for e in lane if id(e) not in taken)
         return batch
 
-    def _execute(self, instance: Instance, batch: list[Pending]) -> None:
-        """Run ``batch`` on ``instance`` and hand each reply to its caller."""
+    def _execute(self, instance: Instance, batch: list[Pending]) -> bool:
+        """Run ``batch`` on ``instance`` and hand each reply to its caller. Once a decoupled
+        model's ``execute`` returned, the instance takes its next batch (as in Triton), run
+        by a new thread of the instance, while this one reads the rest of this batch's
+        replies; True then (this thread ends with the batch)."""
         instance.owner = threading.get_ident()
         exec_start = time.monotonic_ns()
-        total = sum(e.size for e in batch)
         timeouts = [e.timeout for e in batch]
         timeout = None if None in timeouts else max(t for t in timeouts if t is not None)
-        compute_start = time.monotonic_ns()
+        lease = Lease(self._instances, instance)
+        detached: list[bool] = []
+
+        def returned() -> None:
+            with self._cond:  # the instance's next batches go to a new thread
+                if not detached and self._workers.get(id(instance)) is not None:
+                    del self._workers[id(instance)]
+                detached.append(True)
+            lease.returned()
+
         try:
             for reply in self._run(instance, [e.data for e in batch], timeout,
-                                   [e.cancel for e in batch]):  # fmt: skip
+                                   [e.cancel for e in batch], returned):  # fmt: skip
                 entry = batch[reply.index]
                 if reply.error is not None:
                     entry.failed = True
                 reply.index = entry.where
                 entry.out.put(reply)
         except Exception as exc:  # the engine itself failed: every request fails with it
-            error = exc if isinstance(exc, InferenceError) else InferenceError(
-                f"Failed to process the request(s) for model '{self._name}', message: {exc}",
-                TritonError.INTERNAL,
-            )
-            for entry in batch:
-                entry.failed = True
-                entry.out.put(Reply(entry.where, [], error, "{}", FINAL, False))
-        finally:
-            end = time.monotonic_ns()
-            self._stats.execution(total, exec_start, compute_start, end, end)
-            for entry in batch:
-                if entry.failed:
-                    self._stats.failure(entry.start_ns, end)
-                else:
-                    self._stats.success(entry.size, entry.start_ns, exec_start, compute_start,
-                                        end, end, end)  # fmt: skip
-                entry.out.put(_END)
-            self._instances.release(instance)
+            self._failed(batch, exc)
+        self._ended(batch, exec_start, lease)
+        return bool(detached)
+
+    def _failed(self, batch: list[Pending], exc: Exception) -> None:
+        error = exc if isinstance(exc, InferenceError) else InferenceError(
+            f"Failed to process the request(s) for model '{self._name}', message: {exc}",
+            TritonError.INTERNAL,
+        )
+        for entry in batch:
+            entry.failed = True
+            entry.out.put(Reply(entry.where, [], error, "{}", FINAL, False))
+
+    def _ended(self, batch: list[Pending], exec_start: int, lease: Lease) -> None:
+        end = time.monotonic_ns()
+        total = sum(e.size for e in batch)
+        self._stats.execution(total, exec_start, exec_start, end, end)
+        for entry in batch:
+            if entry.failed:
+                self._stats.failure(entry.start_ns, end)
+            else:
+                self._stats.success(entry.size, entry.start_ns, exec_start, exec_start,
+                                    end, end, end)  # fmt: skip
+            entry.out.put(_END)
+        lease.end()
 
 
 def _unloaded(name: str) -> InferenceError:
