@@ -105,6 +105,92 @@ def test_forked_child_ending_in_os_exit_leaks_nothing(sealed: bool) -> None:
 # prints PASS/MISS.
 
 
+# A load's holder whose finaliser an asynchronous exception cut short at its entry (the timer
+# test's traces show it landing there): the pool's sweep finds it dead and must give it back as
+# the finaliser would have. A message that the load took and never returned with is pending
+# again, not dropped: dropping it freed the record, and the caller's release of the handle it
+# still held was a second release ("refers to freed memory", the timer test on Python 3.13).
+_DEAD_TAKE = """
+import gc, sys
+import numpy as np
+from pb_tensor import Tensor, TritonModelException
+from pb_tensor.shm import SharedMemoryPool
+from pb_tensor.shm._heap import RECORD
+from pb_tensor.shm._locked import Held
+from pb_tensor.shm._record_layout import parse_record
+
+pool = SharedMemoryPool.create(1 << 16)
+h = Tensor("x", np.arange(4, dtype=np.float32)).save_to_shared_memory(pool)
+holder = pool._hold(h, RECORD, True, parse_record)[1]  # a load's take, not yet returned
+
+def cut_short(frame, event, arg):
+    if event == "call" and frame.f_code is Held.__del__.__code__:
+        raise KeyboardInterrupt  # at the finaliser's entry: it gives nothing back
+    return None
+
+sys.settrace(cut_short)
+del holder
+sys.settrace(None)
+pool.stats()  # sweeps: finds the holder dead
+try:
+    print(pool.pending_messages(h))
+    pool.release(h)  # the caller releases the handle its load did not consume
+except TritonModelException as exc:
+    print(exc)
+gc.collect()
+stats = pool.stats()
+print(stats.allocations, stats.unloaded_records)
+"""
+
+
+def test_sweep_gives_a_dead_loads_message_back_not_away() -> None:
+    done = run_python_code(_DEAD_TAKE, timeout=TIMEOUT, warnings_as_errors=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["1", "0 0"], done.stdout
+
+
+# An asynchronous exception right after a load's take, before the load's own try had started
+# (there was a gap: the rest of _op, _hold's return, the payload view): the holder lived on in
+# the frames of the exception, so the message stayed taken for as long as the caller (a log, a
+# retry wrapper, a reference cycle) kept that exception, and releasing the handle failed.
+_LOAD_CUT_AFTER_TAKE = """
+import gc, sys
+import numpy as np
+from pb_tensor import Tensor
+from pb_tensor.shm import SharedMemoryPool, _tensors
+
+pool = SharedMemoryPool.create(1 << 16)
+h = Tensor("x", np.arange(4, dtype=np.float32)).save_to_shared_memory(pool)
+
+def after_take(frame, event, arg):
+    # At load_tensor's first line once it holds its take.
+    if frame.f_code is _tensors.load_tensor.__code__:
+        if event == "line" and frame.f_locals.get("holder") is not None:
+            raise KeyboardInterrupt
+        return after_take
+    return None
+
+sys.settrace(after_take)
+try:
+    Tensor.load_from_shared_memory(pool, h)
+except KeyboardInterrupt as exc:
+    kept = exc  # the caller keeps the exception, and with it the load's frames
+sys.settrace(None)
+print(pool.pending_messages(h))
+pool.release(h)
+del kept
+gc.collect()
+stats = pool.stats()
+print(stats.allocations, stats.unloaded_records)
+"""
+
+
+def test_load_interrupted_after_its_take_leaves_the_message_pending() -> None:
+    done = run_python_code(_LOAD_CUT_AFTER_TAKE, timeout=TIMEOUT, warnings_as_errors=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["1", "0 0"], done.stdout
+
+
 # ------------------------------------------------ item 1: daemon threads at interpreter exit
 _DAEMONS = """
 import threading, time

@@ -30,8 +30,11 @@ from pb_tensor.shm._segment import Mapping, extend_segment
 if TYPE_CHECKING:
     from pb_tensor.shm._pool import SharedMemoryPool
 
-__all__ = ["SWEEP_EVERY", "U8", "Held", "LockedHeap", "ndnew", "ndview"]
+__all__ = ["OWNED", "SWEEP_EVERY", "U8", "Held", "LockedHeap", "ndnew", "ndview"]
 
+# The claim of every holder whose reference is its own (not a message taken by a load): dying
+# drops it. Shared and never set to False (a claim only ever sets True).
+OWNED: Final = [True]
 SWEEP_EVERY: Final = 1023  # look for views that died without giving back every 1024 holds
 _P = TypeVar("_P")
 
@@ -116,13 +119,16 @@ class Held(np.ndarray[Any, np.dtype[np.uint8]]):
     taken: a holder dropped before that gives nothing back.
     """
 
-    __slots__ = ("_claimed", "_handle", "_message", "_pool", "_token")
+    __slots__ = ("_claim", "_handle", "_message", "_pool", "_token")
 
     _pool: SharedMemoryPool
     _token: int
     _handle: int
     _message: bool  # the reference is a message taken over by a load ...
-    _claimed: bool  # ... and that load returned: dying gives the message back unless so
+    # ... and ``_claim[0]`` once that load returned: dying gives the message back unless so.
+    # A list shared with the pool's owner entry: a sweep that finds the holder dead (its
+    # finaliser cut short) reads it there and gives the message back the same way.
+    _claim: list[bool]
 
     def __del__(self) -> None:
         # Never raise an error from a finaliser (a corrupted header is reported by the next
@@ -134,7 +140,7 @@ class Held(np.ndarray[Any, np.dtype[np.uint8]]):
         while True:
             try:
                 if self._token:
-                    self._pool._owner_died(self._token, self._message and not self._claimed)
+                    self._pool._owner_died(self._token, not self._claim[0])
                 break
             except Exception:
                 break
@@ -157,7 +163,8 @@ class LockedHeap:
 
     _name: str
     _map_fd: int
-    _owners: dict[int, tuple[int, weakref.ref[Held]]]
+    # token -> (handle, the holder, its claim: see Held._claim)
+    _owners: dict[int, tuple[int, weakref.ref[Held], list[bool]]]
     _messages: dict[int, list[int]]
 
     def _remap(self, at_least: int = 0) -> Mapping:
@@ -191,7 +198,7 @@ class LockedHeap:
             holder._pool = self
             holder._handle = handle
             holder._message = False
-            holder._claimed = True
+            holder._claim = OWNED
             holder._token = 0
         alive = weakref.ref(holder) if holder is not None else None
         try:
@@ -199,7 +206,7 @@ class LockedHeap:
                 m.mm, off, need, nbytes, state, m.size, self._name, refcount, pending
             )
             if holder is not None and alive is not None:
-                self._owners[token] = (handle, alive)
+                self._owners[token] = (handle, alive, OWNED)
                 holder._token = token
             if pending:
                 # Journalled before it holds the message (no call in between): a sweep gives
@@ -355,18 +362,21 @@ class LockedHeap:
         holder._message = bool(message and pending)
         if holder._message:
             new = (refcount, pending - 1)
+            claim = [False]  # until the load returns: given back as a message, not dropped
         elif refcount >= heap.MAX_REFCOUNT:
             raise TritonModelException(
                 f"Shared memory handle {handle}: reference count overflow ({refcount})"
             )
         else:
             new = (refcount + 1, pending)
+            claim = OWNED
+        holder._claim = claim
         alive = weakref.ref(holder)
         data = _pack_ref(*new)
         # The holder is armed first and the count written last (one slice store: a single
         # memcpy, see heap.put_ref), with no point in between where a signal handler runs: a
         # signal lands before both or after both.
-        self._owners[token] = (handle, alive)
+        self._owners[token] = (handle, alive, claim)
         holder._token = token
         try:
             m.mm[handle : handle + 8] = data
@@ -502,6 +512,7 @@ class LockedHeap:
         message: bool,
         parse: Callable[[Mapping, int, int], tuple[_P, int, int]],
         token: int,
+        box: list[Held | None] | None,
     ) -> tuple[_P, Held]:
         if not token & SWEEP_EVERY:
             self._sweep_locked(m)
@@ -511,18 +522,46 @@ class LockedHeap:
         holder._pool = self
         holder._handle = handle
         holder._message = False
-        holder._claimed = False
+        holder._claim = OWNED
         holder._token = 0
+        if box is not None:
+            box[0] = holder  # before the take: the caller can always find what it took
         self._take(m, handle, holder, token, message, refcount, pending)
         return result, holder
+
+    def _untake_locked(self, m: Mapping, holder: Held) -> None:
+        """Give back what ``holder`` took (lock held), as its finaliser would: a taken message
+        becomes pending again. Retried until it has run to its end (see _RETRY_NOTE)."""
+        done = [False]
+        while not done[0]:
+            try:
+                _complete(done, self._give_back_holder, m, holder)
+            except TritonModelException:
+                raise
+            except BaseException:  # retried (see _RETRY_NOTE)
+                pass
+
+    def _give_back_holder(self, m: Mapping, holder: Held) -> None:
+        token = holder._token
+        if token:  # _give_back_locked does nothing once the owner entry is gone
+            self._give_back_locked(m, token, holder._message and not holder._claim[0])
+            holder._token = 0
 
     def _sweep_locked(self, m: Mapping) -> None:
         """Give back the references of views that died without doing it, and the messages of
         saves that were abandoned before handing them on (lock held)."""
-        dead = [token for token, (_, alive) in self._owners.items() if alive() is None]
-        for token in dead:
+        # A holder whose finaliser was cut short (an asynchronous exception at its entry) or
+        # whose pending give-back was lost: given back as it would have, a message taken by a
+        # load that never returned becoming pending again (not dropped: the caller may still
+        # release or load it, and a drop here would then be a second release).
+        dead = [
+            (token, not claim[0])
+            for token, (_, alive, claim) in self._owners.items()
+            if alive() is None
+        ]
+        for token, restore in dead:
             with contextlib.suppress(TritonModelException):
-                self._give_back_locked(m, token, False)
+                self._give_back_locked(m, token, restore)
         messages = self._messages
         for key in list(messages):
             if not messages[key][0]:  # handed on (or given back): nothing to do

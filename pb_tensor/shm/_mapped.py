@@ -79,7 +79,7 @@ class MappedHeap(LockedHeap):
         # token -> (handle, holder): the references held by views. The weak reference lets
         # _sweep_locked give back what a holder's finaliser could not (an asynchronous
         # exception can stop a finaliser before its first line).
-        self._owners: dict[int, tuple[int, weakref.ref[Held]]] = {}
+        self._owners: dict[int, tuple[int, weakref.ref[Held], list[bool]]] = {}
         # id(cell) -> cell: the cells that saves hand their message to (see _sweep_locked).
         self._messages: dict[int, list[int]] = {}
         self._lock_fd = -1
@@ -122,7 +122,7 @@ class MappedHeap(LockedHeap):
         if self._released:
             return
         owners, self._owners = self._owners, {}
-        for handle, _ in owners.values():
+        for handle, _, _ in owners.values():
             with contextlib.suppress(TritonModelException):
                 self._op(self._drop_locked, handle, None, False, 0)
         self.close()

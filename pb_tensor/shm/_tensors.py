@@ -24,11 +24,13 @@ from pb_tensor.shm._records import (
     record_of,
     save_and_load_record_into,
     save_small_held,
+    untake,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pb_tensor.shm._locked import Held
     from pb_tensor.tensor import Tensor
 
 __all__ = ["load_tensor", "save_tensor"]
@@ -251,10 +253,13 @@ def load_tensor(
     ``blank(name, dtype, dims, memory_type, memory_type_id)`` makes a tensor with no data yet."""
     # shm.load_record(pool, handle, take=True), with the numeric CPU tensor built straight from
     # the parsed fields (no TensorRecord on the way): the small-transfer path of a load.
-    fields, holder = pool._hold(handle, RECORD, True, parse_record)
-    # Until `_claimed` is set, the holder dying gives the taken message back to the record.
-    payload = _ndview(holder, np.ndarray)
+    # The try starts before the take: an exception that lands after it (even before _hold
+    # returns) finds the holder in `box` and gives the message back before it goes on. Until
+    # `_claim[0]` is set, the holder dying gives the taken message back to the record too.
+    box: list[Held | None] = [None]
     try:
+        fields, holder = pool._hold(handle, RECORD, True, parse_record, box)
+        payload = _ndview(holder, np.ndarray)
         name, dtype, dims, memory_type, memory_type_id = fields[:5]
         element = _NUMERIC.get(dtype)
         if element is not None and memory_type != MEMORY_GPU:
@@ -263,12 +268,12 @@ def load_tensor(
             tensor._array = _ndview(payload, element).reshape(dims)
         else:
             tensor = _build(pool, handle, record_of(handle, fields, payload), blank)
-        holder._claimed = True
+        holder._claim[0] = True
         return tensor
     except BaseException:
         # A failed (or interrupted) load leaves the record as it found it: the message it
         # took is pending again, for another load or a release.
-        pool._untake(payload)
+        untake(pool, box)
         raise
 
 
