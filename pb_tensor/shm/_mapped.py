@@ -32,7 +32,8 @@ from typing import Any, Final, TypeVar
 
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import _heap as heap
-from pb_tensor.shm._locked import Held, LockedHeap
+from pb_tensor.shm._held import Held
+from pb_tensor.shm._locked import LockedHeap
 from pb_tensor.shm._segment import PAGE, SHM_DIR, Mapping, reopen
 
 __all__ = ["MappedHeap"]
@@ -75,7 +76,15 @@ class MappedHeap(LockedHeap):
         self._tlock = threading.RLock()
         self._map_lock = threading.Lock()
         self._holder = 0
-        self._pending: list[tuple[int, bool]] = []  # (token, restore) given back later
+        # (token, restore) given back later; or the weak reference of an owner entry whose
+        # holder died before giving it back (see _on_dead).
+        self._pending: list[tuple[int, bool] | weakref.ref[Held]] = []
+        # The callback of every owner's weak reference, so C code with no Python frame that
+        # an asynchronous exception could cut short: it runs only when a holder dies while its
+        # owner entry is still there (a finaliser that gave the reference back removed the
+        # entry, and with it the weak reference, first), and queues a sweep of dead owners for
+        # the next operation. Without it the reference would wait for the periodic sweep.
+        self._on_dead = self._pending.append
         # token -> (handle, holder): the references held by views. The weak reference lets
         # _sweep_locked give back what a holder's finaliser could not (an asynchronous
         # exception can stop a finaliser before its first line).
@@ -136,6 +145,7 @@ class MappedHeap(LockedHeap):
         self._map_lock = threading.Lock()
         self._holder = 0
         self._pending = []
+        self._on_dead = self._pending.append
         self._owners = {}
         self._messages = {}  # the parent's saves in flight are the parent's to finish
         self._creator = False
@@ -247,9 +257,12 @@ class MappedHeap(LockedHeap):
         # handler inside an operation) are given back here, at a safe point.
         pending = self._pending
         while pending:
-            token, restore = pending.pop()
+            item = pending.pop()
             with contextlib.suppress(TritonModelException):
-                self._give_back_locked(m, token, restore)
+                if type(item) is tuple:
+                    self._give_back_locked(m, item[0], item[1])
+                else:  # a holder died before giving back (see _on_dead)
+                    self._sweep_owners_locked(m)
 
     def _owner_died(self, token: int, restore: bool) -> None:
         # The reference is given back before this returns, in a lock cycle of its own: a

@@ -30,7 +30,8 @@ import numpy.typing as npt
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import _heap as heap
 from pb_tensor.shm._heap import PoolStats
-from pb_tensor.shm._locked import Held, ndview
+from pb_tensor.shm._held import Held
+from pb_tensor.shm._locked import ndview
 from pb_tensor.shm._mapped import MappedHeap
 from pb_tensor.shm._segment import (
     PAGE,

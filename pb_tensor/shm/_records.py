@@ -40,7 +40,7 @@ from pb_tensor.shm._record_layout import (
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from pb_tensor.shm._locked import Held
+    from pb_tensor.shm._held import Held
     from pb_tensor.shm._pool import SharedMemoryPool
     from pb_tensor.shm._segment import Mapping
 

@@ -30,7 +30,7 @@ from pb_tensor.shm._records import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pb_tensor.shm._locked import Held
+    from pb_tensor.shm._held import Held
     from pb_tensor.tensor import Tensor
 
 __all__ = ["load_tensor", "save_tensor"]
