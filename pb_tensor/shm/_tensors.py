@@ -64,14 +64,15 @@ def _wrap(owner: object, data: int, dims: tuple[int, ...], dtype: TritonDtype,
 
 # Saves of one tensor are serialised (by a lock chosen from its id): two threads saving the
 # same tensor must not both copy it, nor swap its data under each other. Striped, so that
-# unrelated tensors rarely wait for each other's copy.
+# unrelated tensors rarely wait for each other's copy. Re-entrant locks for their ownership
+# test (see _save_serialised), not for nesting.
 _STRIPES = 64
-_save_locks = [threading.Lock() for _ in range(_STRIPES)]
+_save_locks = [threading.RLock() for _ in range(_STRIPES)]
 
 
 def _reinit_locks() -> None:
     # A fork while another thread held a stripe would leave it locked forever in the child.
-    _save_locks[:] = [threading.Lock() for _ in range(_STRIPES)]
+    _save_locks[:] = [threading.RLock() for _ in range(_STRIPES)]
 
 
 os.register_at_fork(after_in_child=_reinit_locks)
@@ -92,12 +93,7 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
         if state is not None and state[0] is pool:
             pool._call(pool._add_message_locked, int(state[1]), cell)
         else:
-            with _save_locks[id(tensor) % _STRIPES]:
-                state = tensor._shm
-                if state is not None and state[0] is pool:
-                    pool._call(pool._add_message_locked, int(state[1]), cell)
-                else:
-                    _save_locked(tensor, pool, cell)
+            _save_serialised(tensor, pool, cell)
         handle = cell[0]
         cell[0] = 0  # handed over: nothing that can raise until the return
         return handle
@@ -106,6 +102,37 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
             # Emptied with the release, under the lock; if this is interrupted before, the
             # pool's next sweep gives the message back (the cell is journalled, see _sweep_locked).
             pool._op(pool._release_cell_locked, cell)
+
+
+def _save_serialised(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
+    """The first save of ``tensor`` to ``pool`` (unless another thread's save got there
+    first), holding the tensor's stripe lock; the message goes to ``cell[0]``."""
+    lock = _save_locks[id(tensor) % _STRIPES]
+    if lock._is_owned():
+        # A save of this thread holds the stripe already: this one runs inside it (a signal
+        # handler or a finaliser). Nothing else can run in this thread meanwhile, and the pool
+        # refuses an operation started inside another one.
+        _save_once(tensor, pool, cell)
+        return
+    try:
+        with lock:
+            _save_once(tensor, pool, cell)
+    finally:
+        if lock._is_owned():
+            # The with statement's exit never ran: calling a C method with its three
+            # arguments allocates their tuple, and a MemoryError there leaves the lock held
+            # (every later save of a tensor on this stripe would wait for ever). Held by this
+            # call alone (not nested, see above); these calls take no arguments and allocate
+            # nothing.
+            lock.release()
+
+
+def _save_once(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
+    state = tensor._shm
+    if state is not None and state[0] is pool:
+        pool._call(pool._add_message_locked, int(state[1]), cell)
+    else:
+        _save_locked(tensor, pool, cell)
 
 
 def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
