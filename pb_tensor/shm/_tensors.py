@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 
@@ -67,12 +67,28 @@ def _wrap(owner: object, data: int, dims: tuple[int, ...], dtype: TritonDtype,
 # unrelated tensors rarely wait for each other's copy. Re-entrant locks for their ownership
 # test (see _save_serialised), not for nesting.
 _STRIPES = 64
-_save_locks = [threading.RLock() for _ in range(_STRIPES)]
+
+
+class _Stripe(Protocol):
+    """The part of ``threading.RLock`` (C ``_thread.RLock``) used here; ``_is_owned`` is the
+    ownership test ``threading.Condition`` uses, in every supported Python version."""
+
+    def __enter__(self) -> bool: ...
+    def __exit__(self, *exc: object) -> None: ...
+    def release(self) -> None: ...
+    def _is_owned(self) -> bool: ...
+
+
+def _stripes() -> list[_Stripe]:
+    return [cast("_Stripe", threading.RLock()) for _ in range(_STRIPES)]
+
+
+_save_locks = _stripes()
 
 
 def _reinit_locks() -> None:
     # A fork while another thread held a stripe would leave it locked forever in the child.
-    _save_locks[:] = [threading.RLock() for _ in range(_STRIPES)]
+    _save_locks[:] = _stripes()
 
 
 os.register_at_fork(after_in_child=_reinit_locks)
