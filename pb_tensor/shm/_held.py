@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import importlib
 import signal
+import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from pb_tensor.errors import TritonModelException
 if TYPE_CHECKING:
     from pb_tensor.shm._pool import SharedMemoryPool
 
-__all__ = ["OWNED", "Held", "complete", "persist"]
+__all__ = ["OWNED", "Held", "OwnedLock", "complete", "new_lock", "persist"]
 
 # The claim of every holder whose reference is its own (not a message taken by a load): dying
 # drops it. Shared and never set to False (a claim only ever sets True).
@@ -42,6 +43,37 @@ _sigmask: Final[Callable[[int, Iterable[int]], set[int]]] = importlib.import_mod
 _SIG_BLOCK: Final = signal.SIG_BLOCK
 _SIG_UNBLOCK: Final = signal.SIG_UNBLOCK
 _ALL_SIGNALS: Final = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+
+
+class OwnedLock(Protocol):
+    """The part of ``threading.RLock`` (C ``_thread.RLock``) that the pool's locks use.
+
+    ``_is_owned`` is the ownership test ``threading.Condition`` relies on, in every supported
+    Python version. It makes good a ``with`` statement whose exit never ran: calling the lock's
+    ``__exit__`` (a C method taking its three arguments as a tuple) allocates that tuple, and a
+    ``MemoryError`` there leaves the lock held, which the next thread to want it waits for for
+    ever. A ``with`` block that is not nested in another hold of the same lock checks, after
+    the statement, that the lock is no longer its own, and releases it otherwise (these calls
+    take no arguments and allocate nothing)::
+
+        outer = not lock._is_owned()
+        try:
+            with lock:
+                ...
+        finally:
+            if outer and lock._is_owned():
+                lock.release()
+    """
+
+    def __enter__(self) -> bool: ...
+    def __exit__(self, *exc: object) -> None: ...
+    def release(self) -> None: ...
+    def _is_owned(self) -> bool: ...
+
+
+def new_lock() -> OwnedLock:
+    """A new re-entrant lock, typed for its ownership test (see :class:`OwnedLock`)."""
+    return cast("OwnedLock", threading.RLock())
 
 
 def complete(done: list[bool], fn: Callable[..., None], *args: Any) -> None:

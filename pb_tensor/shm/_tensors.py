@@ -7,9 +7,8 @@ factory of blank tensors), so this module never imports the Tensor class at run 
 from __future__ import annotations
 
 import os
-import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +17,7 @@ from pb_tensor import bytes_codec, shm
 from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_dlpack
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm._heap import RECORD
+from pb_tensor.shm._held import new_lock
 from pb_tensor.shm._record_layout import MEMORY_GPU, parse_record
 from pb_tensor.shm._records import (
     SMALL_PAYLOAD,
@@ -65,30 +65,14 @@ def _wrap(owner: object, data: int, dims: tuple[int, ...], dtype: TritonDtype,
 # Saves of one tensor are serialised (by a lock chosen from its id): two threads saving the
 # same tensor must not both copy it, nor swap its data under each other. Striped, so that
 # unrelated tensors rarely wait for each other's copy. Re-entrant locks for their ownership
-# test (see _save_serialised), not for nesting.
+# test (_held.OwnedLock), not for nesting.
 _STRIPES = 64
-
-
-class _Stripe(Protocol):
-    """The part of ``threading.RLock`` (C ``_thread.RLock``) used here; ``_is_owned`` is the
-    ownership test ``threading.Condition`` uses, in every supported Python version."""
-
-    def __enter__(self) -> bool: ...
-    def __exit__(self, *exc: object) -> None: ...
-    def release(self) -> None: ...
-    def _is_owned(self) -> bool: ...
-
-
-def _stripes() -> list[_Stripe]:
-    return [cast("_Stripe", threading.RLock()) for _ in range(_STRIPES)]
-
-
-_save_locks = _stripes()
+_save_locks = [new_lock() for _ in range(_STRIPES)]
 
 
 def _reinit_locks() -> None:
     # A fork while another thread held a stripe would leave it locked forever in the child.
-    _save_locks[:] = _stripes()
+    _save_locks[:] = [new_lock() for _ in range(_STRIPES)]
 
 
 os.register_at_fork(after_in_child=_reinit_locks)
@@ -134,12 +118,7 @@ def _save_serialised(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]
         with lock:
             _save_once(tensor, pool, cell)
     finally:
-        if lock._is_owned():
-            # The with statement's exit never ran: calling a C method with its three
-            # arguments allocates their tuple, and a MemoryError there leaves the lock held
-            # (every later save of a tensor on this stripe would wait for ever). Held by this
-            # call alone (not nested, see above); these calls take no arguments and allocate
-            # nothing.
+        if lock._is_owned():  # the with statement's exit never ran (see _held.OwnedLock)
             lock.release()
 
 
