@@ -63,6 +63,9 @@ class OwnedLock(Protocol):
         finally:
             if outer and lock._is_owned():
                 lock.release()
+
+    or, where the common path must pay nothing, the same test in an ``except`` clause that
+    re-raises (an exit that fails raises too), as the pool's operations do.
     """
 
     def __enter__(self) -> bool: ...

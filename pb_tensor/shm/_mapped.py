@@ -227,11 +227,7 @@ class MappedHeap(LockedHeap):
             TritonModelException: the pool is closed or truncated, or this thread is already
                 inside an operation on it (a signal handler or finaliser re-entering).
         """
-        # The thread lock is made good if the with statement's exit never ran (a MemoryError
-        # allocating its arguments, see _held.OwnedLock); a nested operation (refused below)
-        # leaves that to the outer one.
         tlock = self._tlock
-        outer = not tlock._is_owned()
         try:
             with tlock:
                 if self._released:  # closed by another thread while we waited
@@ -263,9 +259,14 @@ class MappedHeap(LockedHeap):
                 finally:
                     self._holder = 0
                     _flock(self._lock_fd, _LOCK_UN)
-        finally:
-            if outer and tlock._is_owned():
+        except BaseException:
+            # The with statement's exit may not have run (a MemoryError allocating its
+            # arguments, see _held.OwnedLock): owning the thread lock still means so, unless
+            # this operation is nested in one of this thread's (refused above), which holds it
+            # and has _holder set. Only on this path: the normal one pays nothing.
+            if tlock._is_owned() and self._holder != _get_ident():
                 tlock.release()
+            raise
 
     def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """:meth:`_op` for public operations: refuses a closed pool first."""

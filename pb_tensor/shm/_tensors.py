@@ -117,9 +117,10 @@ def _save_serialised(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]
     try:
         with lock:
             _save_once(tensor, pool, cell)
-    finally:
+    except BaseException:
         if lock._is_owned():  # the with statement's exit never ran (see _held.OwnedLock)
             lock.release()
+        raise
 
 
 def _save_once(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
