@@ -655,6 +655,58 @@ def test_memory_error_at_every_allocation_leaks_nothing() -> None:
     assert result["hits"] > result["runs"] // 5, result
 
 
+# A save holds its tensor's stripe lock in a `with` statement. Calling the lock's __exit__ (a C
+# method taking its three arguments as a tuple) allocates that tuple; with the 3-tuple free list
+# empty, a MemoryError there skipped the exit and left the stripe held, and every later save of
+# a tensor on that stripe waited for ever (the hang of the test above on Python 3.10). Here each
+# allocation of one save fails in turn with the free list drained first; then another thread
+# must be able to save a tensor on every stripe.
+_STRIPE_AFTER_NOMEMORY = """
+import sys, threading, _testcapi
+import numpy as np
+from pb_tensor import Tensor
+from pb_tensor.shm import SharedMemoryPool
+
+pool = SharedMemoryPool.create(1 << 20)
+a = np.arange(16, dtype=np.float32)
+kept, failed = [], 0
+for k in range(200):
+    t = Tensor("x", a)
+    kept.append(t)  # distinct ids: the saves spread over the stripes
+    drained = [tuple([i, i, i]) for i in range(3000)]
+    h = None
+    _testcapi.set_nomemory(k, k + 1)
+    try:
+        h = t.save_to_shared_memory(pool)
+    except MemoryError:
+        failed += 1
+    finally:
+        _testcapi.remove_mem_hooks()
+    del drained
+    if h is not None:
+        pool.release(h)
+
+def save_all():
+    for t in kept:  # a second save of each: it takes the stripe lock again unless saved
+        t._shm = None
+        pool.release(t.save_to_shared_memory(pool))
+
+worker = threading.Thread(target=save_all, daemon=True)
+worker.start()
+worker.join(30)
+print(failed > 20, worker.is_alive())
+"""
+
+
+def test_memory_error_in_a_saves_lock_exit_leaves_the_lock_free() -> None:
+    reason = nomemory_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    done = run_python_code(_STRIPE_AFTER_NOMEMORY, timeout=TIMEOUT, warnings_as_errors=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True", "False"], done.stdout
+
+
 # ------------------------------------------------------------- issue 10 item 5: lock cycles
 def test_one_lock_cycle_per_save_and_per_load(
     pool: SharedMemoryPool, monkeypatch: pytest.MonkeyPatch

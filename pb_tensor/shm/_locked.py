@@ -14,35 +14,25 @@ end of that one call) an ``except`` clause, still under the lock, undoes or comp
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import numpy as np
 
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import _heap as heap
 from pb_tensor.shm._heap import PoolStats
+from pb_tensor.shm._held import OWNED, Held, persist
 from pb_tensor.shm._segment import Mapping, extend_segment
 
-if TYPE_CHECKING:
-    from pb_tensor.shm._pool import SharedMemoryPool
-
-__all__ = ["SWEEP_EVERY", "U8", "Held", "LockedHeap", "ndnew", "ndview"]
+__all__ = ["SWEEP_EVERY", "U8", "LockedHeap", "ndnew", "ndview"]
 
 SWEEP_EVERY: Final = 1023  # look for views that died without giving back every 1024 holds
 _P = TypeVar("_P")
 
 
-# _RETRY_NOTE: the completion steps of an interrupted allocation or drop (idempotent, under the
-# lock) are retried until they have run to their end, so that a second asynchronous exception
-# inside the cleanup of the first cannot leave the heap change half done and unowned. CPython
-# runs signal handlers on entry to a Python function and at every backward jump, and a retry
-# loop's jump lies outside its own try; so the call site retries in a loop of its own around
-# _complete (whose entry is then inside that loop's try), and _complete blocks signals in this
-# thread while it retries (nesting three more loops for a signal that another thread takes).
 U8: Final = np.dtype(np.uint8)
 _block_ref: Final = heap.BLOCK_REF.unpack_from
 _BLOCK_HDR: Final = heap.BLOCK_HDR
@@ -59,97 +49,6 @@ _OFF_BROKEN: Final = heap.OFF_BROKEN
 ndnew: Final = np.ndarray.__new__
 ndview: Final = np.ndarray.view
 _getrefcount: Final = sys.getrefcount
-_sigmask: Final = signal.pthread_sigmask
-_SIG_BLOCK: Final = signal.SIG_BLOCK
-_SIG_UNBLOCK: Final = signal.SIG_UNBLOCK
-_ALL_SIGNALS: Final = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
-
-
-def _complete(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
-    """Run ``fn(*args)`` until it has run to its end, then set ``done[0]``; see _RETRY_NOTE.
-
-    Signals are blocked in this thread meanwhile (those that were not blocked already, given
-    back on the way out): a step that takes longer than a signal timer's interval would
-    otherwise be restarted for ever. A signal that arrives in between waits in the kernel and
-    its handler runs once this returns; only one taken by another thread of the process can
-    still interrupt the step here, which is then retried.
-
-    Raises:
-        TritonModelException: what ``fn`` raised (a corrupted heap: retrying cannot help).
-        BaseException: an asynchronous exception that landed on the loops' own jumps (rare;
-            the caller's loop retries).
-    """
-    unblocked = _ALL_SIGNALS - _sigmask(_SIG_BLOCK, ())
-    try:
-        _sigmask(_SIG_BLOCK, unblocked)
-        while not done[0]:
-            try:
-                while not done[0]:
-                    try:
-                        while not done[0]:
-                            try:
-                                fn(*args)
-                                done[0] = True
-                            except TritonModelException:
-                                raise
-                            except BaseException:  # retried
-                                pass
-                    except TritonModelException:
-                        raise
-                    except BaseException:  # retried
-                        pass
-            except TritonModelException:
-                raise
-            except BaseException:  # retried
-                pass
-    finally:
-        _sigmask(_SIG_UNBLOCK, unblocked)
-
-
-class Held(np.ndarray[Any, np.dtype[np.uint8]]):
-    """The base of every view that holds a reference: dropping the last view drops the ref.
-
-    An ndarray subclass built straight on the mapping's memoryview (0.4 us, against 2 us for
-    an ``__array_interface__`` owner): numpy stops collapsing a view's base chain at an object
-    of another type, so every array derived from the plain view returned to the caller keeps
-    this one, and with it the reference, alive. ``_token`` is 0 until the reference is really
-    taken: a holder dropped before that gives nothing back.
-    """
-
-    __slots__ = ("_claimed", "_handle", "_message", "_pool", "_token")
-
-    _pool: SharedMemoryPool
-    _token: int
-    _handle: int
-    _message: bool  # the reference is a message taken over by a load ...
-    _claimed: bool  # ... and that load returned: dying gives the message back unless so
-
-    def __del__(self) -> None:
-        # Never raise an error from a finaliser (a corrupted header is reported by the next
-        # explicit operation), and look up no module global: this may run during interpreter
-        # shutdown. An asynchronous exception (a signal handler raising) can land anywhere in
-        # here, even before the first line of _owner_died runs: the give-back is retried until
-        # it has happened (it is exact under the lock), then the exception goes on.
-        interrupted: BaseException | None = None
-        while True:
-            try:
-                if self._token:
-                    self._pool._owner_died(self._token, self._message and not self._claimed)
-                break
-            except Exception:
-                break
-            except BaseException as exc:  # KeyboardInterrupt and friends: retry, then raise
-                interrupted = exc
-        if interrupted is not None:
-            raise interrupted
-
-    def __repr__(self) -> str:
-        try:
-            return (
-                f"<pb_tensor shared-memory allocation {self._handle} in pool {self._pool.name!r}>"
-            )
-        except AttributeError:  # not set up: the plain array repr
-            return super().__repr__()
 
 
 class LockedHeap:
@@ -157,7 +56,9 @@ class LockedHeap:
 
     _name: str
     _map_fd: int
-    _owners: dict[int, tuple[int, weakref.ref[Held]]]
+    # token -> (handle, the holder, its claim: see Held._claim)
+    _owners: dict[int, tuple[int, weakref.ref[Held], list[bool]]]
+    _on_dead: Callable[[weakref.ref[Held]], None]  # the callback of every owner's weak reference
     _messages: dict[int, list[int]]
 
     def _remap(self, at_least: int = 0) -> Mapping:
@@ -191,15 +92,15 @@ class LockedHeap:
             holder._pool = self
             holder._handle = handle
             holder._message = False
-            holder._claimed = True
+            holder._claim = OWNED
             holder._token = 0
-        alive = weakref.ref(holder) if holder is not None else None
+        alive = weakref.ref(holder, self._on_dead) if holder is not None else None
         try:
             heap.allocate_block(
                 m.mm, off, need, nbytes, state, m.size, self._name, refcount, pending
             )
             if holder is not None and alive is not None:
-                self._owners[token] = (handle, alive)
+                self._owners[token] = (handle, alive, OWNED)
                 holder._token = token
             if pending:
                 # Journalled before it holds the message (no call in between): a sweep gives
@@ -208,16 +109,20 @@ class LockedHeap:
             cell[0] = handle
         except BaseException:
             if cell[0] != handle:
-                done = [False]  # retried until it has run to its end (see _RETRY_NOTE)
+                done = [False]  # retried until it has run to its end (see _held.persist)
+                args = (m, handle, state, refcount, pending, token, holder)
                 while not done[0]:
                     try:
-                        _complete(
-                            done, self._undo_allocation,
-                            m, handle, state, refcount, pending, token, holder,
-                        )  # fmt: skip
+                        while not done[0]:
+                            try:
+                                persist(done, self._undo_allocation, *args)
+                            except TritonModelException:
+                                raise
+                            except BaseException:  # retried (see _held.persist)
+                                pass
                     except TritonModelException:
                         raise
-                    except BaseException:  # retried (see _RETRY_NOTE)
+                    except BaseException:  # retried (see _held.persist)
                         pass
             raise
         return m, holder
@@ -355,18 +260,21 @@ class LockedHeap:
         holder._message = bool(message and pending)
         if holder._message:
             new = (refcount, pending - 1)
+            claim = [False]  # until the load returns: given back as a message, not dropped
         elif refcount >= heap.MAX_REFCOUNT:
             raise TritonModelException(
                 f"Shared memory handle {handle}: reference count overflow ({refcount})"
             )
         else:
             new = (refcount + 1, pending)
-        alive = weakref.ref(holder)
+            claim = OWNED
+        holder._claim = claim
+        alive = weakref.ref(holder, self._on_dead)
         data = _pack_ref(*new)
         # The holder is armed first and the count written last (one slice store: a single
         # memcpy, see heap.put_ref), with no point in between where a signal handler runs: a
         # signal lands before both or after both.
-        self._owners[token] = (handle, alive)
+        self._owners[token] = (handle, alive, claim)
         holder._token = token
         try:
             m.mm[handle : handle + 8] = data
@@ -453,11 +361,14 @@ class LockedHeap:
                 "loaded or released already"
             )
         new_pending = pending - 1 if message else min(pending, refcount - 1)
+        data = _pack_ref(refcount - 1, new_pending)
         try:
             if cell is not None:
-                cell[0] = 0  # no call before the write below: emptied with the drop
+                cell[0] = 0  # no call before the store below: emptied with the drop
             if refcount > 1:
-                heap.put_ref(m.mm, handle, refcount - 1, new_pending)
+                # One slice store, not heap.put_ref: a Python call's entry is a point where a
+                # signal handler runs, which would separate the cell from the count.
+                m.mm[handle : handle + 8] = data
             else:
                 mm = m.mm
                 if _u64(mm, _OFF_DIRTY)[0] or _u64(mm, _OFF_BROKEN)[0]:  # check_heap's test
@@ -468,13 +379,20 @@ class LockedHeap:
         except TritonModelException:
             raise
         except BaseException:
-            done = [False]  # retried until it has run to its end (see _RETRY_NOTE)
+            done = [False]  # retried until it has run to its end (see _held.persist)
+            args = (m, handle, refcount, new_pending, token)
             while not done[0]:
                 try:
-                    _complete(done, self._finish_drop, m, handle, refcount, new_pending, token)
+                    while not done[0]:
+                        try:
+                            persist(done, self._finish_drop, *args)
+                        except TritonModelException:
+                            raise
+                        except BaseException:  # retried (see _held.persist)
+                            pass
                 except TritonModelException:
                     raise
-                except BaseException:  # retried (see _RETRY_NOTE)
+                except BaseException:  # retried (see _held.persist)
                     pass
             raise
 
@@ -502,6 +420,7 @@ class LockedHeap:
         message: bool,
         parse: Callable[[Mapping, int, int], tuple[_P, int, int]],
         token: int,
+        box: list[Held | None] | None,
     ) -> tuple[_P, Held]:
         if not token & SWEEP_EVERY:
             self._sweep_locked(m)
@@ -511,18 +430,41 @@ class LockedHeap:
         holder._pool = self
         holder._handle = handle
         holder._message = False
-        holder._claimed = False
+        holder._claim = OWNED
         holder._token = 0
+        if box is not None:
+            box[0] = holder  # before the take: the caller can always find what it took
         self._take(m, handle, holder, token, message, refcount, pending)
         return result, holder
+
+    def _untake_locked(self, m: Mapping, holder: Held) -> None:
+        """Give back what ``holder`` took (lock held), as its finaliser would: a taken message
+        becomes pending again. Retried until it has run to its end (see _held.persist)."""
+        done = [False]
+        while not done[0]:
+            try:
+                while not done[0]:
+                    try:
+                        persist(done, self._give_back_holder, m, holder)
+                    except TritonModelException:
+                        raise
+                    except BaseException:  # retried (see _held.persist)
+                        pass
+            except TritonModelException:
+                raise
+            except BaseException:  # retried (see _held.persist)
+                pass
+
+    def _give_back_holder(self, m: Mapping, holder: Held) -> None:
+        token = holder._token
+        if token:  # _give_back_locked does nothing once the owner entry is gone
+            self._give_back_locked(m, token, holder._message and not holder._claim[0])
+            holder._token = 0
 
     def _sweep_locked(self, m: Mapping) -> None:
         """Give back the references of views that died without doing it, and the messages of
         saves that were abandoned before handing them on (lock held)."""
-        dead = [token for token, (_, alive) in self._owners.items() if alive() is None]
-        for token in dead:
-            with contextlib.suppress(TritonModelException):
-                self._give_back_locked(m, token, False)
+        self._sweep_owners_locked(m)
         messages = self._messages
         for key in list(messages):
             if not messages[key][0]:  # handed on (or given back): nothing to do
@@ -533,6 +475,23 @@ class LockedHeap:
                 with contextlib.suppress(TritonModelException):
                     self._release_cell_locked(m, messages[key])
                 del messages[key]
+
+    def _sweep_owners_locked(self, m: Mapping) -> None:
+        """Give back the references of holders that died without doing it (lock held).
+
+        A holder whose finaliser was cut short (an asynchronous exception at its entry) or
+        whose pending give-back was lost: given back as it would have, a message taken by a
+        load that never returned becoming pending again (not dropped: the caller may still
+        release or load it, and a drop here would then be a second release).
+        """
+        dead = [
+            (token, not claim[0])
+            for token, (_, alive, claim) in self._owners.items()
+            if alive() is None
+        ]
+        for token, restore in dead:
+            with contextlib.suppress(TritonModelException):
+                self._give_back_locked(m, token, restore)
 
     def _stats_locked(self, m: Mapping) -> PoolStats:
         self._sweep_locked(m)

@@ -32,7 +32,8 @@ from typing import Any, Final, TypeVar
 
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import _heap as heap
-from pb_tensor.shm._locked import Held, LockedHeap
+from pb_tensor.shm._held import Held, new_lock
+from pb_tensor.shm._locked import LockedHeap
 from pb_tensor.shm._segment import PAGE, SHM_DIR, Mapping, reopen
 
 __all__ = ["MappedHeap"]
@@ -72,14 +73,22 @@ class MappedHeap(LockedHeap):
         self._sealed = _sealed  # the segment cannot shrink (F_SEAL_SHRINK)
         # Re-entrant so that a reference dropped by a signal handler or a GC pass in the window
         # between acquiring the lock and recording the holder cannot deadlock (see _owner_died).
-        self._tlock = threading.RLock()
-        self._map_lock = threading.Lock()
+        self._tlock = new_lock()
+        self._map_lock = new_lock()  # re-entrant for its ownership test (_held.OwnedLock)
         self._holder = 0
-        self._pending: list[tuple[int, bool]] = []  # (token, restore) given back later
+        # (token, restore) given back later; or the weak reference of an owner entry whose
+        # holder died before giving it back (see _on_dead).
+        self._pending: list[tuple[int, bool] | weakref.ref[Held]] = []
+        # The callback of every owner's weak reference, so C code with no Python frame that
+        # an asynchronous exception could cut short: it runs only when a holder dies while its
+        # owner entry is still there (a finaliser that gave the reference back removed the
+        # entry, and with it the weak reference, first), and queues a sweep of dead owners for
+        # the next operation. Without it the reference would wait for the periodic sweep.
+        self._on_dead = self._pending.append
         # token -> (handle, holder): the references held by views. The weak reference lets
         # _sweep_locked give back what a holder's finaliser could not (an asynchronous
         # exception can stop a finaliser before its first line).
-        self._owners: dict[int, tuple[int, weakref.ref[Held]]] = {}
+        self._owners: dict[int, tuple[int, weakref.ref[Held], list[bool]]] = {}
         # id(cell) -> cell: the cells that saves hand their message to (see _sweep_locked).
         self._messages: dict[int, list[int]] = {}
         self._lock_fd = -1
@@ -105,24 +114,30 @@ class MappedHeap(LockedHeap):
     # ----------------------------------------------------------------------------- lifecycle
     def _release_resources(self) -> None:
         # Under the thread lock: no other thread of ours is between lock and unlock.
-        with self._tlock:
-            if self._released:
-                return
-            self._released = True
-            for fd in (self._lock_fd, self._map_fd):
-                if fd >= 0:
-                    os.close(fd)
-            self._lock_fd = self._map_fd = -1
-            # Dropping the mapping unmaps it, unless a view still references it: then the
-            # last view unmaps it.
-            del self._map
+        tlock = self._tlock
+        outer = not tlock._is_owned()
+        try:
+            with tlock:
+                if self._released:
+                    return
+                self._released = True
+                for fd in (self._lock_fd, self._map_fd):
+                    if fd >= 0:
+                        os.close(fd)
+                self._lock_fd = self._map_fd = -1
+                # Dropping the mapping unmaps it, unless a view still references it: then the
+                # last view unmaps it.
+                del self._map
+        finally:
+            if outer and tlock._is_owned():  # the with's exit never ran (_held.OwnedLock)
+                tlock.release()
 
     def _shutdown(self) -> None:
         """At interpreter exit: give back the references still held by live views, close."""
         if self._released:
             return
         owners, self._owners = self._owners, {}
-        for handle, _ in owners.values():
+        for handle, _, _ in owners.values():
             with contextlib.suppress(TritonModelException):
                 self._op(self._drop_locked, handle, None, False, 0)
         self.close()
@@ -132,10 +147,11 @@ class MappedHeap(LockedHeap):
         # The child is a new process: fresh thread locks (another thread may have held ours at
         # the fork), its own lock description, and no claim on the parent's references (the
         # views it inherited give nothing back) or on the name.
-        self._tlock = threading.RLock()
-        self._map_lock = threading.Lock()
+        self._tlock = new_lock()
+        self._map_lock = new_lock()
         self._holder = 0
         self._pending = []
+        self._on_dead = self._pending.append
         self._owners = {}
         self._messages = {}  # the parent's saves in flight are the parent's to finish
         self._creator = False
@@ -175,22 +191,28 @@ class MappedHeap(LockedHeap):
         return m
 
     def _remap(self, at_least: int = 0) -> Mapping:
-        with self._map_lock:
-            m = self._map
-            total = max(int(heap.U64.unpack_from(m.mm, heap.OFF_TOTAL)[0]), at_least)
-            if total <= m.size:
-                return m
-            file_size = os.fstat(self._map_fd).st_size
-            if total > file_size or total % PAGE:
-                # Mapping past the end of the file would turn every access into SIGBUS.
-                raise TritonModelException(
-                    f"Shared memory pool '{self._name}' is corrupted: header size {total} "
-                    f"bytes, segment {file_size} bytes"
-                )
-            # The old mapping is not closed: views into it keep it alive and valid.
-            new = Mapping(self._map_fd, total, self._populate, m.size)
-            self._map = new
-            return new
+        lock = self._map_lock
+        outer = not lock._is_owned()
+        try:
+            with lock:
+                m = self._map
+                total = max(int(heap.U64.unpack_from(m.mm, heap.OFF_TOTAL)[0]), at_least)
+                if total <= m.size:
+                    return m
+                file_size = os.fstat(self._map_fd).st_size
+                if total > file_size or total % PAGE:
+                    # Mapping past the end of the file would turn every access into SIGBUS.
+                    raise TritonModelException(
+                        f"Shared memory pool '{self._name}' is corrupted: header size {total} "
+                        f"bytes, segment {file_size} bytes"
+                    )
+                # The old mapping is not closed: views into it keep it alive and valid.
+                new = Mapping(self._map_fd, total, self._populate, m.size)
+                self._map = new
+                return new
+        finally:
+            if outer and lock._is_owned():  # the with's exit never ran (_held.OwnedLock)
+                lock.release()
 
     # ------------------------------------------------------------------------------ locking
     def _op(self, fn: Callable[..., _T], *args: Any) -> _T:
@@ -205,36 +227,46 @@ class MappedHeap(LockedHeap):
             TritonModelException: the pool is closed or truncated, or this thread is already
                 inside an operation on it (a signal handler or finaliser re-entering).
         """
-        with self._tlock:
-            if self._released:  # closed by another thread while we waited
-                raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-            if self._holder:
-                # Only this thread can be here while _holder is set (the lock is ours): a
-                # signal handler or finaliser started an operation inside another one, whose
-                # heap changes may be half done.
-                raise TritonModelException(
-                    f"Shared memory pool '{self._name}': an operation was started from a "
-                    "signal handler or finaliser while this thread was inside another one"
-                )
-            try:
-                self._holder = _get_ident()
-                _flock(self._lock_fd, _LOCK_EX)
-                m = self._map
-                if not self._sealed:
-                    self._check_file(m)
-                # Another thread or process may have grown the heap while we waited: its free
-                # lists can point past our mapping.
-                if _u64_at(m.mm, heap.OFF_TOTAL)[0] > m.size:
-                    m = self._remap()
-                if self._pending:
-                    self._drain(m)
-                result = fn(m, *args)
-                if self._pending:
-                    self._drain(m)
-                return result
-            finally:
-                self._holder = 0
-                _flock(self._lock_fd, _LOCK_UN)
+        tlock = self._tlock
+        try:
+            with tlock:
+                if self._released:  # closed by another thread while we waited
+                    raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
+                if self._holder:
+                    # Only this thread can be here while _holder is set (the lock is ours): a
+                    # signal handler or finaliser started an operation inside another one, whose
+                    # heap changes may be half done.
+                    raise TritonModelException(
+                        f"Shared memory pool '{self._name}': an operation was started from a "
+                        "signal handler or finaliser while this thread was inside another one"
+                    )
+                try:
+                    self._holder = _get_ident()
+                    _flock(self._lock_fd, _LOCK_EX)
+                    m = self._map
+                    if not self._sealed:
+                        self._check_file(m)
+                    # Another thread or process may have grown the heap while we waited: its free
+                    # lists can point past our mapping.
+                    if _u64_at(m.mm, heap.OFF_TOTAL)[0] > m.size:
+                        m = self._remap()
+                    if self._pending:
+                        self._drain(m)
+                    result = fn(m, *args)
+                    if self._pending:
+                        self._drain(m)
+                    return result
+                finally:
+                    self._holder = 0
+                    _flock(self._lock_fd, _LOCK_UN)
+        except BaseException:
+            # The with statement's exit may not have run (a MemoryError allocating its
+            # arguments, see _held.OwnedLock): owning the thread lock still means so, unless
+            # this operation is nested in one of this thread's (refused above), which holds it
+            # and has _holder set. Only on this path: the normal one pays nothing.
+            if tlock._is_owned() and self._holder != _get_ident():
+                tlock.release()
+            raise
 
     def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """:meth:`_op` for public operations: refuses a closed pool first."""
@@ -247,9 +279,12 @@ class MappedHeap(LockedHeap):
         # handler inside an operation) are given back here, at a safe point.
         pending = self._pending
         while pending:
-            token, restore = pending.pop()
+            item = pending.pop()
             with contextlib.suppress(TritonModelException):
-                self._give_back_locked(m, token, restore)
+                if type(item) is tuple:
+                    self._give_back_locked(m, item[0], item[1])
+                else:  # a holder died before giving back (see _on_dead)
+                    self._sweep_owners_locked(m)
 
     def _owner_died(self, token: int, restore: bool) -> None:
         # The reference is given back before this returns, in a lock cycle of its own: a

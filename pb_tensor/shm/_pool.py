@@ -30,7 +30,8 @@ import numpy.typing as npt
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import _heap as heap
 from pb_tensor.shm._heap import PoolStats
-from pb_tensor.shm._locked import Held, ndview
+from pb_tensor.shm._held import Held
+from pb_tensor.shm._locked import ndview
 from pb_tensor.shm._mapped import MappedHeap
 from pb_tensor.shm._segment import (
     PAGE,
@@ -305,14 +306,21 @@ class SharedMemoryPool(MappedHeap):
         """
         self._call(self._incref_locked, handle)
 
-    def _untake(self, payload: npt.NDArray[np.uint8]) -> None:
-        """Undo a load that failed after it took its reference (``payload``: the record's
-        view): a taken message becomes pending again, another reference is dropped. No view
-        of the payload may be in use any more."""
-        holder = payload.base
-        if isinstance(holder, Held) and holder._token:
-            self._op(self._give_back_locked, holder._token, holder._message)
-            holder._token = 0
+    def _untake(self, box: list[Held | None]) -> None:
+        """Undo a load that failed after it may have taken its reference (``box[0]``: the
+        holder from :meth:`_hold`, or None): a taken message becomes pending again, another
+        reference is dropped. No view of the holder may be in use any more.
+
+        The give-back is completed under the lock even if asynchronous exceptions cut it
+        short (see ``_untake_locked``), so that the message is pending again when the load's
+        exception reaches its caller, whatever frames that exception keeps alive.
+
+        Raises:
+            TritonModelException: the pool is closed, or the record is corrupted.
+        """
+        holder = box[0]
+        if holder is not None and holder._token:
+            self._op(self._untake_locked, holder)
 
     def decref(self, handle: int) -> None:
         """Drop a reference to the allocation at ``handle``; free it when none is left.
@@ -388,17 +396,21 @@ class SharedMemoryPool(MappedHeap):
         want: int | None,
         message: bool,
         parse: Callable[[Mapping, int, int], tuple[_P, int, int]],
+        box: list[Held | None] | None = None,
     ) -> tuple[_P, Held]:
         """Take a reference to ``handle`` in one lock cycle, for a holder of a range of it.
 
         ``parse(mapping, handle, nbytes)`` runs first under the lock and returns ``(result,
         offset, length)``: the holder covers ``length`` bytes at ``offset`` from the data
         start. Nothing is taken when it raises. With ``message`` a pending message is taken
-        over when there is one (see :meth:`_take`).
+        over when there is one (see :meth:`_take`). With ``box`` the holder goes into
+        ``box[0]`` before it takes anything: a caller whose ``try`` starts before this call
+        can give the reference back (:meth:`_untake`) even when an asynchronous exception
+        lands after the take, before this returns or before the caller stores the result.
         """
         if self._closed:
             raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-        return self._op(self._hold_locked, handle, want, message, parse, next(_tokens))
+        return self._op(self._hold_locked, handle, want, message, parse, next(_tokens), box)
 
     # ----------------------------------------------------------------------------- checking
     def stats(self) -> PoolStats:

@@ -40,6 +40,7 @@ from pb_tensor.shm._record_layout import (
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
+    from pb_tensor.shm._held import Held
     from pb_tensor.shm._pool import SharedMemoryPool
     from pb_tensor.shm._segment import Mapping
 
@@ -51,6 +52,7 @@ __all__ = [
     "save_and_load_record",
     "save_record",
     "save_small_held",
+    "untake",
 ]
 
 # Payloads up to this size are copied with one mmap slice assignment (no numpy destination).
@@ -435,15 +437,40 @@ def load_record(
             memory_type_id, byte_size); or the pool is closed or truncated. Nothing is taken
             then.
     """
-    fields, holder = pool._hold(handle, RECORD, take, parse_record)
-    # Until `claimed` is set, the holder dying (an exception on the way) gives a taken message
-    # back to the record instead of dropping it.
-    payload = _ndview(holder, np.ndarray)
-    if readonly:
-        payload.flags.writeable = False
-    record = record_of(handle, fields, payload)
-    holder._claimed = True
-    return record
+    # As load_tensor: the try starts before the take, and until `_claim[0]` is set the holder
+    # dying gives a taken message back to the record instead of dropping it.
+    box: list[Held | None] = [None]
+    try:
+        fields, holder = pool._hold(handle, RECORD, take, parse_record, box)
+        payload = _ndview(holder, np.ndarray)
+        if readonly:
+            payload.flags.writeable = False
+        record = record_of(handle, fields, payload)
+        holder._claim[0] = True
+        return record
+    except BaseException:
+        untake(pool, box)
+        raise
+
+
+def untake(pool: SharedMemoryPool, box: list[Held | None]) -> None:
+    """After a load raised: give back what it took (``box`` as passed to ``pool._hold``).
+
+    A taken message is pending again when this returns, so the load's caller can release or
+    load it at once, even while its exception (and the frames holding the holder) lives on.
+    Retried here until it has happened: a second asynchronous exception inside the cleanup of
+    the first is swallowed (the first goes on). Only one that lands on this function's own
+    entry or loop jump escapes: the holder then gives the message back when it dies, or the
+    pool's next sweep does once it is dead.
+    """
+    holder = box[0]
+    while holder is not None and holder._token:
+        try:
+            pool._untake(box)
+        except TritonModelException:
+            return  # the pool is closed (nothing to give back to) or the record corrupted
+        except BaseException:  # retried
+            pass
 
 
 def record_of(handle: int, fields: RecordFields, payload: npt.NDArray[np.uint8]) -> TensorRecord:

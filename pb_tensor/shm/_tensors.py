@@ -7,7 +7,6 @@ factory of blank tensors), so this module never imports the Tensor class at run 
 from __future__ import annotations
 
 import os
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -18,17 +17,20 @@ from pb_tensor import bytes_codec, shm
 from pb_tensor.dtypes import MemoryType, TritonDtype, numpy_dtype_of, triton_to_dlpack
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm._heap import RECORD
+from pb_tensor.shm._held import new_lock
 from pb_tensor.shm._record_layout import MEMORY_GPU, parse_record
 from pb_tensor.shm._records import (
     SMALL_PAYLOAD,
     record_of,
     save_and_load_record_into,
     save_small_held,
+    untake,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from pb_tensor.shm._held import Held
     from pb_tensor.tensor import Tensor
 
 __all__ = ["load_tensor", "save_tensor"]
@@ -62,14 +64,15 @@ def _wrap(owner: object, data: int, dims: tuple[int, ...], dtype: TritonDtype,
 
 # Saves of one tensor are serialised (by a lock chosen from its id): two threads saving the
 # same tensor must not both copy it, nor swap its data under each other. Striped, so that
-# unrelated tensors rarely wait for each other's copy.
+# unrelated tensors rarely wait for each other's copy. Re-entrant locks for their ownership
+# test (_held.OwnedLock), not for nesting.
 _STRIPES = 64
-_save_locks = [threading.Lock() for _ in range(_STRIPES)]
+_save_locks = [new_lock() for _ in range(_STRIPES)]
 
 
 def _reinit_locks() -> None:
     # A fork while another thread held a stripe would leave it locked forever in the child.
-    _save_locks[:] = [threading.Lock() for _ in range(_STRIPES)]
+    _save_locks[:] = [new_lock() for _ in range(_STRIPES)]
 
 
 os.register_at_fork(after_in_child=_reinit_locks)
@@ -90,12 +93,7 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
         if state is not None and state[0] is pool:
             pool._call(pool._add_message_locked, int(state[1]), cell)
         else:
-            with _save_locks[id(tensor) % _STRIPES]:
-                state = tensor._shm
-                if state is not None and state[0] is pool:
-                    pool._call(pool._add_message_locked, int(state[1]), cell)
-                else:
-                    _save_locked(tensor, pool, cell)
+            _save_serialised(tensor, pool, cell)
         handle = cell[0]
         cell[0] = 0  # handed over: nothing that can raise until the return
         return handle
@@ -104,6 +102,33 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
             # Emptied with the release, under the lock; if this is interrupted before, the
             # pool's next sweep gives the message back (the cell is journalled, see _sweep_locked).
             pool._op(pool._release_cell_locked, cell)
+
+
+def _save_serialised(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
+    """The first save of ``tensor`` to ``pool`` (unless another thread's save got there
+    first), holding the tensor's stripe lock; the message goes to ``cell[0]``."""
+    lock = _save_locks[id(tensor) % _STRIPES]
+    if lock._is_owned():
+        # A save of this thread holds the stripe already: this one runs inside it (a signal
+        # handler or a finaliser). Nothing else can run in this thread meanwhile, and the pool
+        # refuses an operation started inside another one.
+        _save_once(tensor, pool, cell)
+        return
+    try:
+        with lock:
+            _save_once(tensor, pool, cell)
+    except BaseException:
+        if lock._is_owned():  # the with statement's exit never ran (see _held.OwnedLock)
+            lock.release()
+        raise
+
+
+def _save_once(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
+    state = tensor._shm
+    if state is not None and state[0] is pool:
+        pool._call(pool._add_message_locked, int(state[1]), cell)
+    else:
+        _save_locked(tensor, pool, cell)
 
 
 def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
@@ -251,10 +276,13 @@ def load_tensor(
     ``blank(name, dtype, dims, memory_type, memory_type_id)`` makes a tensor with no data yet."""
     # shm.load_record(pool, handle, take=True), with the numeric CPU tensor built straight from
     # the parsed fields (no TensorRecord on the way): the small-transfer path of a load.
-    fields, holder = pool._hold(handle, RECORD, True, parse_record)
-    # Until `_claimed` is set, the holder dying gives the taken message back to the record.
-    payload = _ndview(holder, np.ndarray)
+    # The try starts before the take: an exception that lands after it (even before _hold
+    # returns) finds the holder in `box` and gives the message back before it goes on. Until
+    # `_claim[0]` is set, the holder dying gives the taken message back to the record too.
+    box: list[Held | None] = [None]
     try:
+        fields, holder = pool._hold(handle, RECORD, True, parse_record, box)
+        payload = _ndview(holder, np.ndarray)
         name, dtype, dims, memory_type, memory_type_id = fields[:5]
         element = _NUMERIC.get(dtype)
         if element is not None and memory_type != MEMORY_GPU:
@@ -263,12 +291,12 @@ def load_tensor(
             tensor._array = _ndview(payload, element).reshape(dims)
         else:
             tensor = _build(pool, handle, record_of(handle, fields, payload), blank)
-        holder._claimed = True
+        holder._claim[0] = True
         return tensor
     except BaseException:
         # A failed (or interrupted) load leaves the record as it found it: the message it
         # took is pending again, for another load or a release.
-        pool._untake(payload)
+        untake(pool, box)
         raise
 
 

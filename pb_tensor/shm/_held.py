@@ -1,0 +1,213 @@
+"""The holder of a pool reference, and the retries that complete a step cut short (private).
+
+:class:`Held` is the base of every view that holds a reference of a
+:class:`pb_tensor.shm._pool.SharedMemoryPool`; :func:`persist` (around :func:`complete`) is how
+the pool's operations (:mod:`pb_tensor.shm._locked`) finish a heap change or a give-back that an
+asynchronous exception cut short.
+
+The completion steps of an interrupted allocation, drop or give-back (idempotent, under the
+lock) are retried until they have run to their end, so that a second asynchronous exception
+inside the cleanup of the first cannot leave the heap change half done and unowned. CPython
+runs signal handlers on entry to a Python function, at every backward jump and after calls into
+C; a retry loop's jump lies outside its own try, so the retries nest (see :func:`persist`), and
+:func:`complete` blocks signals in this thread while it retries.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+
+import numpy as np
+
+from pb_tensor.errors import TritonModelException
+
+if TYPE_CHECKING:
+    from pb_tensor.shm._pool import SharedMemoryPool
+
+__all__ = ["OWNED", "Held", "OwnedLock", "complete", "new_lock", "persist"]
+
+# The claim of every holder whose reference is its own (not a message taken by a load): dying
+# drops it. Shared and never set to False (a claim only ever sets True).
+OWNED: Final = [True]
+# Not signal.pthread_sigmask: that is a Python wrapper (frames where handlers run) that turns each
+# signal of the returned mask into a Signals enum, about 30 us for a full mask, longer than a
+# dense timer's interval, so that a signal always arrived before the mask took effect. The C
+# function under it (CPython's _signal module, in every version) takes about 2 us.
+_sigmask: Final[Callable[[int, Iterable[int]], set[int]]] = importlib.import_module(
+    "_signal"
+).pthread_sigmask
+_SIG_BLOCK: Final = signal.SIG_BLOCK
+_SIG_UNBLOCK: Final = signal.SIG_UNBLOCK
+_ALL_SIGNALS: Final = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+
+
+class OwnedLock(Protocol):
+    """The part of ``threading.RLock`` (C ``_thread.RLock``) that the pool's locks use.
+
+    ``_is_owned`` is the ownership test ``threading.Condition`` relies on, in every supported
+    Python version. It makes good a ``with`` statement whose exit never ran: calling the lock's
+    ``__exit__`` (a C method taking its three arguments as a tuple) allocates that tuple, and a
+    ``MemoryError`` there leaves the lock held, which the next thread to want it waits for for
+    ever. A ``with`` block that is not nested in another hold of the same lock checks, after
+    the statement, that the lock is no longer its own, and releases it otherwise (these calls
+    take no arguments and allocate nothing)::
+
+        outer = not lock._is_owned()
+        try:
+            with lock:
+                ...
+        finally:
+            if outer and lock._is_owned():
+                lock.release()
+
+    or, where the common path must pay nothing, the same test in an ``except`` clause that
+    re-raises (an exit that fails raises too), as the pool's operations do.
+    """
+
+    def __enter__(self) -> bool: ...
+    def __exit__(self, *exc: object) -> None: ...
+    def release(self) -> None: ...
+    def _is_owned(self) -> bool: ...
+
+
+def new_lock() -> OwnedLock:
+    """A new re-entrant lock, typed for its ownership test (see :class:`OwnedLock`)."""
+    return cast("OwnedLock", threading.RLock())
+
+
+def complete(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
+    """Run ``fn(*args)`` until it has run to its end, then set ``done[0]`` (module docstring).
+
+    Signals are blocked in this thread meanwhile (those that were not blocked already, given
+    back on the way out): a step that takes longer than a signal timer's interval would
+    otherwise be restarted for ever. A signal that arrives in between waits in the kernel and
+    its handler runs once this returns; only one taken by another thread of the process can
+    still interrupt the step here, which is then retried.
+
+    Raises:
+        TritonModelException: what ``fn`` raised (a corrupted heap: retrying cannot help).
+        BaseException: an asynchronous exception that landed on the loops' own jumps (rare;
+            the caller's loop retries).
+    """
+    unblocked = _ALL_SIGNALS - _sigmask(_SIG_BLOCK, ())
+    try:
+        _sigmask(_SIG_BLOCK, unblocked)
+        while not done[0]:
+            try:
+                while not done[0]:
+                    try:
+                        while not done[0]:
+                            try:
+                                fn(*args)
+                                done[0] = True
+                            except TritonModelException:
+                                raise
+                            except BaseException:  # retried
+                                pass
+                    except TritonModelException:
+                        raise
+                    except BaseException:  # retried
+                        pass
+            except TritonModelException:
+                raise
+            except BaseException:  # retried
+                pass
+    finally:
+        _sigmask(_SIG_UNBLOCK, unblocked)
+
+
+def persist(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
+    """:func:`complete` retried at three nested levels; see the module docstring.
+
+    Under a dense signal storm (a handler that raises and a timer interval not much longer
+    than the handler's own run) a signal lands at nearly every point where CPython runs
+    handlers: the entry of :func:`complete`, before it has blocked signals, and the backward
+    jump of a retry loop, which lies outside that loop's ``try``. Each level's jump lies
+    inside the next level's ``try``; the call site adds two more (its own loops, with this
+    call's entry inside their ``try``). Leaving without the step done takes an exception at
+    each of them in a row.
+
+    Raises:
+        TritonModelException: what ``fn`` raised.
+        BaseException: asynchronous exceptions at every level in a row (see above).
+    """
+    while not done[0]:
+        try:
+            while not done[0]:
+                try:
+                    while not done[0]:
+                        try:
+                            complete(done, fn, *args)
+                        except TritonModelException:
+                            raise
+                        except BaseException:  # retried
+                            pass
+                except TritonModelException:
+                    raise
+                except BaseException:  # retried
+                    pass
+        except TritonModelException:
+            raise
+        except BaseException:  # retried
+            pass
+
+
+class Held(np.ndarray[Any, np.dtype[np.uint8]]):
+    """The base of every view that holds a reference: dropping the last view drops the ref.
+
+    An ndarray subclass built straight on the mapping's memoryview (0.4 us, against 2 us for
+    an ``__array_interface__`` owner): numpy stops collapsing a view's base chain at an object
+    of another type, so every array derived from the plain view returned to the caller keeps
+    this one, and with it the reference, alive. ``_token`` is 0 until the reference is really
+    taken: a holder dropped before that gives nothing back.
+    """
+
+    __slots__ = ("_claim", "_handle", "_message", "_pool", "_token")
+
+    _pool: SharedMemoryPool
+    _token: int
+    _handle: int
+    _message: bool  # the reference is a message taken over by a load ...
+    # ... and ``_claim[0]`` once that load returned: dying gives the message back unless so.
+    # A list shared with the pool's owner entry: a sweep that finds the holder dead (its
+    # finaliser cut short) reads it there and gives the message back the same way.
+    _claim: list[bool]
+
+    def __del__(self) -> None:
+        # Never raise an error from a finaliser (a corrupted header is reported by the next
+        # explicit operation), and look up no module global: this may run during interpreter
+        # shutdown. An asynchronous exception (a signal handler raising) can land anywhere in
+        # here, even before the first line of _owner_died runs: the give-back is retried until
+        # it has happened (it is exact under the lock), then the exception goes on (to the
+        # unraisable hook). One that lands before the first line leaves the owner entry, whose
+        # weak reference's callback queues it for the pool's next operation (_drain_dead).
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                if self._token:
+                    self._pool._owner_died(self._token, not self._claim[0])
+                break
+            except Exception:
+                break
+            except BaseException as exc:  # KeyboardInterrupt and friends: retry, then raise
+                interrupted = exc
+        if interrupted is not None:
+            try:
+                raise interrupted
+            finally:
+                # No cycle exception -> traceback -> this frame -> exception: it would keep
+                # this holder and the frames of whatever exception it chains to (a load's,
+                # and the holder that load took) alive until a collection.
+                del interrupted
+
+    def __repr__(self) -> str:
+        try:
+            return (
+                f"<pb_tensor shared-memory allocation {self._handle} in pool {self._pool.name!r}>"
+            )
+        except AttributeError:  # not set up: the plain array repr
+            return super().__repr__()
