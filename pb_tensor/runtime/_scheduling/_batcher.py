@@ -289,7 +289,24 @@ class DynamicBatcher:
             item = work.get()
             if item is None:
                 return
-            self._execute(*item)
+            instance, batch = item
+            instance.owner = threading.get_ident()
+            try:
+                while batch:
+                    self._execute(instance, batch)
+                    # The instance is idle now: this thread forms the next batch itself when
+                    # one is ready (no hand-off to the batcher's thread and back); one that
+                    # must wait for the queue delay is left to the batcher's thread.
+                    batch = self._ready()
+            finally:
+                self._instances.release(instance)
+
+    def _ready(self) -> list[Pending]:
+        """The next batch when one can leave the queue now, else nothing."""
+        with self._cond:
+            if self._closed or not any(self._queues):
+                return []
+            return self._form(wait=False)
 
     def _expire(self, now_ns: int) -> None:
         """Drop cancelled requests and reject timed-out ones (``ApplyPolicyAtCursor``)."""
@@ -308,9 +325,9 @@ class DynamicBatcher:
                     kept.append(entry)
             self._queues[level] = kept
 
-    def _form(self) -> list[Pending]:
+    def _form(self, wait: bool = True) -> list[Pending]:
         """The next batch (``GetDynamicBatch``), waiting for the queue delay as long as it
-        asks; called with the condition held."""
+        asks (``wait=False``: nothing instead of waiting); called with the condition held."""
         policy = self._policy
         while not self._closed:
             now = time.monotonic_ns()
@@ -343,6 +360,8 @@ class DynamicBatcher:
                 count = best_count
             elif not (send_now or pending >= policy.max_preferred or exceeded
                       or policy.delay_ns == 0):
+                if not wait:
+                    return []
                 wait_ns = policy.delay_ns - (now - oldest)
                 deadlines = [e.deadline_ns for e in ordered if e.deadline_ns]
                 if deadlines:
@@ -360,8 +379,8 @@ class DynamicBatcher:
         return batch
 
     def _execute(self, instance: Instance, batch: list[Pending]) -> None:
-        """Run ``batch`` on ``instance`` and hand each reply to its caller."""
-        instance.owner = threading.get_ident()
+        """Run ``batch`` on ``instance`` (owned by this thread) and hand each reply to its
+        caller."""
         exec_start = time.monotonic_ns()
         total = sum(e.size for e in batch)
         timeouts = [e.timeout for e in batch]
@@ -393,7 +412,6 @@ class DynamicBatcher:
                     self._stats.success(entry.size, entry.start_ns, exec_start, compute_start,
                                         end, end, end)  # fmt: skip
                 entry.out.put(_END)
-            self._instances.release(instance)
 
 
 def _unloaded(name: str) -> InferenceError:
