@@ -45,7 +45,8 @@ class Engine(Protocol):
     """What :class:`~pb_tensor.runtime.LoadedModel` runs requests on."""
 
     def run(
-        self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> Iterable[Reply]: ...
     def metrics(self) -> dict[str, Any]: ...
     def is_ready(self) -> tuple[bool, str | None]: ...
@@ -226,8 +227,10 @@ class StubEngine:
 
     # -- requests -----------------------------------------------------------------------------
     def run(
-        self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> Iterator[Reply]:
+        """The replies of ``batch`` (``on_sent`` is called once it went to the stub)."""
         info = self.info
         if info is None:
             raise StubFailure("the model was never initialized")
@@ -251,6 +254,8 @@ class StubEngine:
         try:
             self._sync_log_level(channel)
             channel.send("execute", body, tensors)
+            if on_sent is not None:
+                on_sent()
             if isinstance(cancel, Cancellation):
                 unsubscribe.append(cancel.subscribe(lambda: _send_cancel(channel, len(batch))))
             elif cancel is not None:

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
@@ -33,9 +33,20 @@ __all__ = [
     "BatchPolicy", "DynamicBatcher", "LevelPolicy", "RunBatch", "batch_policy", "gather_replies",
 ]
 
-RunBatch = Callable[[Instance, list[RequestData], float | None, list[Cancellation | None]],
-                    Iterable[Reply]]
-"""``run(instance, batch, timeout, cancels)``: the replies of one ``execute`` call."""
+class RunBatch(Protocol):
+    """``run(instance, batch, timeout, cancels, on_sent)``: the replies of one ``execute``
+    call; ``on_sent`` is called once the batch is on its way to the model (before waiting
+    for its replies)."""
+
+    def __call__(
+        self, instance: Instance, batch: list[RequestData], timeout: float | None,
+        cancels: list[Cancellation | None], on_sent: Callable[[], None] | None = None, /,
+    ) -> Iterable[Reply]: ...
+
+
+# What the instance thread hands to the callers: each caller's queue and its reply (None:
+# the end of that request).
+_Delivery = list[tuple[queue.SimpleQueue[Reply | None], Reply | None]]
 
 
 @dataclass(frozen=True)
@@ -162,9 +173,12 @@ class DynamicBatcher:
 
     def __init__(
         self, model_name: str, policy: BatchPolicy, instances: InstanceSet, run: RunBatch,
-        stats: Statistics,
+        stats: Statistics, decoupled: bool = False,
     ) -> None:
         self._name = model_name
+        # A non-decoupled request ends when its batch ends (its caller reads until then):
+        # its replies are handed over together, after the next batch left for the model.
+        self._hold = not decoupled
         self._policy = policy
         self._instances = instances
         self._run = run
@@ -291,14 +305,16 @@ class DynamicBatcher:
                 return
             instance, batch = item
             instance.owner = threading.get_ident()
+            held: _Delivery = []
             try:
                 while batch:
-                    self._execute(instance, batch)
+                    held = self._execute(instance, batch, held)
                     # The instance is idle now: this thread forms the next batch itself when
                     # one is ready (no hand-off to the batcher's thread and back); one that
                     # must wait for the queue delay is left to the batcher's thread.
                     batch = self._ready()
             finally:
+                _deliver(held)
                 self._instances.release(instance)
 
     def _ready(self) -> list[Pending]:
@@ -378,9 +394,23 @@ class DynamicBatcher:
                 self._queues[level] = deque(e for e in lane if id(e) not in taken)
         return batch
 
-    def _execute(self, instance: Instance, batch: list[Pending]) -> None:
-        """Run ``batch`` on ``instance`` (owned by this thread) and hand each reply to its
-        caller."""
+    def _execute(self, instance: Instance, batch: list[Pending], previous: _Delivery) -> _Delivery:
+        """Run ``batch`` on ``instance`` (owned by this thread); hand ``previous`` (the
+        previous batch's replies) to their callers once this batch is on its way, so that
+        waking them overlaps with the model's work. The replies of ``batch`` as they come
+        (decoupled), or held for the caller to deliver (returned)."""
+        def flush() -> None:
+            _deliver(previous)
+            previous.clear()
+
+        held: _Delivery = []
+
+        def give(entry: Pending, reply: Reply | None) -> None:
+            if self._hold:
+                held.append((entry.out, reply))
+            else:
+                entry.out.put(reply)
+
         exec_start = time.monotonic_ns()
         total = sum(e.size for e in batch)
         timeouts = [e.timeout for e in batch]
@@ -388,12 +418,12 @@ class DynamicBatcher:
         compute_start = time.monotonic_ns()
         try:
             for reply in self._run(instance, [e.data for e in batch], timeout,
-                                   [e.cancel for e in batch]):  # fmt: skip
+                                   [e.cancel for e in batch], flush):  # fmt: skip
                 entry = batch[reply.index]
                 if reply.error is not None:
                     entry.failed = True
                 reply.index = entry.where
-                entry.out.put(reply)
+                give(entry, reply)
         except Exception as exc:  # the engine itself failed: every request fails with it
             error = exc if isinstance(exc, InferenceError) else InferenceError(
                 f"Failed to process the request(s) for model '{self._name}', message: {exc}",
@@ -401,8 +431,9 @@ class DynamicBatcher:
             )
             for entry in batch:
                 entry.failed = True
-                entry.out.put(Reply(entry.where, [], error, "{}", FINAL, False))
+                give(entry, Reply(entry.where, [], error, "{}", FINAL, False))
         finally:
+            flush()
             end = time.monotonic_ns()
             self._stats.execution(total, exec_start, compute_start, end, end)
             for entry in batch:
@@ -411,7 +442,13 @@ class DynamicBatcher:
                 else:
                     self._stats.success(entry.size, entry.start_ns, exec_start, compute_start,
                                         end, end, end)  # fmt: skip
-                entry.out.put(_END)
+                give(entry, _END)
+        return held
+
+
+def _deliver(delivery: _Delivery) -> None:
+    for out, reply in delivery:
+        out.put(reply)
 
 
 def _unloaded(name: str) -> InferenceError:
