@@ -305,15 +305,18 @@ class DynamicBatcher:
                 return
             instance, batch = item
             instance.owner = threading.get_ident()
+            previous: _Delivery = []
             held: _Delivery = []
             try:
                 while batch:
-                    held = self._execute(instance, batch, held)
+                    previous, held = held, []
+                    self._execute(instance, batch, previous, held)
                     # The instance is idle now: this thread forms the next batch itself when
                     # one is ready (no hand-off to the batcher's thread and back); one that
                     # must wait for the queue delay is left to the batcher's thread.
                     batch = self._ready()
             finally:
+                _deliver(previous)  # delivered already, unless the engine's run raised early
                 _deliver(held)
                 self._instances.release(instance)
 
@@ -394,16 +397,16 @@ class DynamicBatcher:
                 self._queues[level] = deque(e for e in lane if id(e) not in taken)
         return batch
 
-    def _execute(self, instance: Instance, batch: list[Pending], previous: _Delivery) -> _Delivery:
+    def _execute(
+        self, instance: Instance, batch: list[Pending], previous: _Delivery, held: _Delivery
+    ) -> None:
         """Run ``batch`` on ``instance`` (owned by this thread); hand ``previous`` (the
         previous batch's replies) to their callers once this batch is on its way, so that
-        waking them overlaps with the model's work. The replies of ``batch`` as they come
-        (decoupled), or held for the caller to deliver (returned)."""
+        waking them overlaps with the model's work. The replies of ``batch`` go to their
+        callers as they come (decoupled), or into ``held`` for the caller to deliver."""
+
         def flush() -> None:
             _deliver(previous)
-            previous.clear()
-
-        held: _Delivery = []
 
         def give(entry: Pending, reply: Reply | None) -> None:
             if self._hold:
@@ -443,11 +446,13 @@ class DynamicBatcher:
                     self._stats.success(entry.size, entry.start_ns, exec_start, compute_start,
                                         end, end, end)  # fmt: skip
                 give(entry, _END)
-        return held
 
 
 def _deliver(delivery: _Delivery) -> None:
-    for out, reply in delivery:
+    """Put each reply on its caller's queue, emptying ``delivery`` (each goes once)."""
+    delivery.reverse()
+    while delivery:
+        out, reply = delivery.pop()
         out.put(reply)
 
 
