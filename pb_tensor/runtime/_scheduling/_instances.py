@@ -36,6 +36,10 @@ class InstanceSet:
         self._idle: deque[Instance] = deque(self._all)
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
+        # Threads waiting in hold() or close(), which a release must wake whatever happens;
+        # without them a release wakes one waiter in acquire() (any of them can take the
+        # idle instance), not every one of them.
+        self._watchers = 0
 
     @property
     def instances(self) -> list[Instance]:
@@ -103,15 +107,27 @@ class InstanceSet:
                     self._idle.remove(instance)
                     instance.owner = threading.get_ident()
                     return True
-                self._cond.wait()
+                self._watch()
             return None
+
+    def _watch(self) -> None:
+        """Wait (condition held) for any release, not only the one a waiter in acquire()
+        would take."""
+        self._watchers += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._watchers -= 1
 
     def release(self, instance: Instance) -> None:
         """``instance`` is idle again."""
         with self._cond:
             instance.owner = None
             self._idle.append(instance)
-            self._cond.notify_all()
+            if self._watchers or self._closed:
+                self._cond.notify_all()
+            else:
+                self._cond.notify()
 
     def close(self) -> list[Instance]:
         """Refuse further requests, wait until every instance is idle (but those the current
@@ -122,6 +138,6 @@ class InstanceSet:
             while any(
                 i.owner is not None and not acts_for(i.owner) for i in self._all
             ):
-                self._cond.wait()
+                self._watch()
             self._idle.clear()
             return list(self._all)
