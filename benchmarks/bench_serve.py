@@ -1,16 +1,21 @@
 """Benchmark of ``pb-tensor serve`` against KServe's and MLServer's Python servers: add_sub over
-HTTP and gRPC at concurrency 1 and 16, for ``serve --in-process``, ``serve`` (stub processes),
+HTTP and gRPC at concurrency 1 and 16, for ``serve --in-process`` (and, as the ``inline``
+row, with the opt-in ``--inline-quick-models``), ``serve`` (stub processes),
 KServe's ``ModelServer`` and MLServer (each serving the same numpy add_sub,
 ``benchmarks/peers/``); and a 64 MiB FP32 tensor over HTTP binary data against the same bytes
-sent over a raw loopback socket.
+sent over a raw loopback socket. ``grpc floor`` (``peers/grpc_floor.py``) is grpcio's asyncio
+server answering every call with prebuilt bytes: what any grpcio-based server costs at least.
 
-One load generator for every server (threads, one persistent connection each: raw
-``http.client`` requests, and grpcio's unary calls with the KServe v2 / Triton
-``ModelInferRequest``, inputs as ``raw_input_contents``), rounds interleaved between the
-servers so that load changes on the machine fall on all of them. HTTP bodies use the
-binary-data extension where the server has it (pb-tensor, KServe) and JSON otherwise
-(MLServer); the table says which. Prints requests per second and p50 / p99 latencies per
-case, then the issue's targets.
+One load generator for every server (``serve_load.py``): every request is built once as the
+bytes that go on the wire (HTTP/1.1; gRPC as HTTP/2 frames with the serialised KServe v2 /
+Triton ``ModelInferRequest``, inputs as ``raw_input_contents``) and written to plain
+sockets, one connection per client with one request in flight, all driven by one thread;
+every answer is checked (the first one decoded, the others compared with it). Rounds are
+interleaved between the servers so that load changes on the machine fall on all of them.
+HTTP bodies use the binary-data extension where the server has it (pb-tensor, KServe) and
+JSON otherwise (MLServer); the table says which. Prints requests per second, p50 / p99
+latencies and the CPU per call of the server (with its child processes, from ``/proc``)
+and of the load generator, then the issue's targets.
 
 KServe and MLServer run from the Python interpreters given with ``--kserve-python`` and
 ``--mlserver-python`` (default: this interpreter); one without the package is skipped with
@@ -38,6 +43,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import serve_load
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -102,6 +108,24 @@ class Server:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"{type(self).__name__} did not get ready")
+
+    def cpu(self) -> float:
+        """CPU seconds used so far by the server and its child processes (stubs, workers)
+        alive now; 0 where ``/proc`` does not tell."""
+        total, todo = 0.0, [self.proc.pid]
+        tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        while todo:
+            pid = todo.pop()
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+                for task in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{task}/children") as f:
+                        todo.extend(int(c) for c in f.read().split())
+            except OSError:
+                continue
+        return total
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -170,9 +194,35 @@ class MLServer(Server):
         self._wait_ready()
 
 
-def _add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
+class GrpcFloor(Server):
+    """``peers/grpc_floor.py``: grpcio's asyncio server answering with prebuilt bytes (gRPC
+    only)."""
+
+    def __init__(self) -> None:
+        port = _free_port()
+        self.grpc = f"127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(PEERS, "grpc_floor.py"), str(port)],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"grpc_floor exited with {self.proc.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("grpc_floor did not start")
+
+
+def add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
+    """An add_sub HTTP request (two (n,) FP32 inputs, binary data both ways) and its
+    headers."""
     data = np.arange(n, dtype=np.float32).tobytes()
-    head = json.dumps({"inputs": [
+    head = json.dumps({"id": "1", "inputs": [
         {"name": f"INPUT{i}", "datatype": "FP32", "shape": [n],
          "parameters": {"binary_data_size": len(data)}} for i in (0, 1)],
         "parameters": {"binary_data_output": True}}).encode()  # fmt: skip
@@ -180,72 +230,69 @@ def _add_sub_http_body(n: int) -> tuple[bytes, dict[str, str]]:
                                 "Content-Type": "application/octet-stream"}
 
 
-def http_worker(url: str, body: bytes, headers: dict[str, str], path: str
-                ) -> Callable[[], None]:
-    host, port = url.rsplit(":", 1)
-    conn = http.client.HTTPConnection(host, int(port), timeout=120)
-
-    def call() -> None:
-        conn.request("POST", path, body=body, headers=headers)
-        response = conn.getresponse()
-        response.read()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}")
-
-    return call
+INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-def grpc_worker(url: str, n: int) -> Callable[[], None]:
-    import grpc
+def _expected(n: int) -> dict[str, np.ndarray]:
+    a = np.arange(n, dtype=np.float32)
+    return {"OUTPUT0": a + a, "OUTPUT1": a - a}
 
+
+def _check_outputs(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    for name, value in want.items():
+        if name not in got or not np.array_equal(np.asarray(got[name], np.float32).ravel(),
+                                                 value):
+            raise RuntimeError(f"wrong answer for {name}: {got.get(name)!r}")
+
+
+def http_check(n: int) -> Callable[[bytes], None]:
+    """Checks an add_sub HTTP answer (binary-data extension or JSON) for the right values."""
+    want = _expected(n)
+
+    def check(answer: bytes) -> None:
+        head, offset = json.JSONDecoder().raw_decode(answer.decode("latin-1"))
+        got = {}
+        for out in head["outputs"]:
+            size = (out.get("parameters") or {}).get("binary_data_size")
+            if size is None:
+                got[out["name"]] = out["data"]
+            else:
+                got[out["name"]] = np.frombuffer(answer[offset:offset + size], np.float32)
+                offset += size
+        _check_outputs(got, want)
+
+    return check
+
+
+def grpc_request(n: int, model: str = "add_sub") -> bytes:
+    """A serialised add_sub ``ModelInferRequest``: two (n,) FP32 inputs as raw contents."""
     from pb_tensor.serve._protos import message
 
-    request_cls = message("ModelInferRequest")
-    response_cls = message("ModelInferResponse")
-    channel = grpc.insecure_channel(url)
-    infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
-                                request_serializer=request_cls.SerializeToString,
-                                response_deserializer=response_cls.FromString)
-    request = request_cls(model_name="add_sub")
+    request = message("ModelInferRequest")(model_name=model, id="1")
     data = np.arange(n, dtype=np.float32).tobytes()
     for i in (0, 1):
         request.inputs.add(name=f"INPUT{i}", datatype="FP32", shape=[n])
         request.raw_input_contents.append(data)
-
-    def call() -> None:
-        infer(request, timeout=120)
-
-    return call
+    return bytes(request.SerializeToString())
 
 
-def run(make: Callable[[], Callable[[], None]], concurrency: int, requests: int
-        ) -> tuple[float, list[float]]:
-    """Requests per second and the latencies (seconds) of ``requests`` calls spread over
-    ``concurrency`` threads."""
-    calls = [make() for _ in range(concurrency)]
-    for call in calls:
-        call()  # warm the connection
-    latencies: list[float] = []
-    lock = threading.Lock()
-    per_thread = max(1, requests // concurrency)
+def grpc_check(n: int) -> Callable[[bytes], None]:
+    """Checks an add_sub ``ModelInferResponse`` (raw or typed contents) for the values."""
+    from pb_tensor.serve._protos import message
 
-    def loop(call: Callable[[], None]) -> None:
-        mine = []
-        for _ in range(per_thread):
-            t = time.perf_counter()
-            call()
-            mine.append(time.perf_counter() - t)
-        with lock:
-            latencies.extend(mine)
+    response_cls = message("ModelInferResponse")
+    want = _expected(n)
 
-    threads = [threading.Thread(target=loop, args=(c,)) for c in calls]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    return len(latencies) / elapsed, latencies
+    def check(answer: bytes) -> None:
+        response = response_cls.FromString(answer)
+        got = {}
+        for i, out in enumerate(response.outputs):
+            got[out.name] = (np.frombuffer(response.raw_output_contents[i], np.float32)
+                             if len(response.raw_output_contents) > i
+                             else list(out.contents.fp32_contents))
+        _check_outputs(got, want)
+
+    return check
 
 
 def _raw_socket_seconds(payload: bytes) -> float:
@@ -276,7 +323,7 @@ def _raw_socket_seconds(payload: bytes) -> float:
 
 def _add_sub_json_body(n: int) -> tuple[bytes, dict[str, str]]:
     data = np.arange(n, dtype=np.float32).tolist()
-    body = json.dumps({"inputs": [
+    body = json.dumps({"id": "1", "inputs": [
         {"name": f"INPUT{i}", "datatype": "FP32", "shape": [n], "data": data}
         for i in (0, 1)]}).encode()  # fmt: skip
     return body, {"Content-Type": "application/json"}
@@ -301,6 +348,16 @@ def _identity_http_body(n: int) -> tuple[bytes, dict[str, str]]:
                          "Content-Type": "application/octet-stream"}
 
 
+def _identity_check(n: int) -> Callable[[bytes | bytearray], None]:
+    def check(answer: bytes | bytearray) -> None:
+        head, offset = json.JSONDecoder().raw_decode(bytes(answer[:4096]).decode("latin-1"))
+        out = np.frombuffer(answer, np.float32, count=n, offset=offset)
+        if head["outputs"][0]["shape"] != [n] or not (out == 1).all():
+            raise RuntimeError("wrong identity answer")
+
+    return check
+
+
 def _start_peers(args: argparse.Namespace) -> dict[str, Server]:
     peers: dict[str, Server] = {}
     for name, cls, python, module in (("KServe", KServe, args.kserve_python, "kserve"),
@@ -320,7 +377,7 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float]]]],
+def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]],
              servers: dict[str, Server]) -> None:
     def rate(mode: str, proto: str, conc: int) -> float:
         return max(r[0] for r in results[(mode, proto, conc)])
@@ -334,6 +391,10 @@ def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float]]]
                 ratio = rate(mode, proto, conc) / rate("KServe", proto, conc)
                 print(f"target {mode} >= {want:.0f}x KServe, {proto}, {conc:>2} clients: "
                       f"{ratio:.2f}x {_verdict(ratio >= want)}")
+    if "grpc floor" in servers:
+        for conc in (1, 16):
+            print(f"grpcio's floor (prebuilt answers) / KServe, gRPC, {conc:>2} clients: "
+                  f"{rate('grpc floor', 'gRPC', conc) / rate('KServe', 'gRPC', conc):.2f}x")
 
 
 def _big_transfer(rounds: int) -> None:
@@ -341,24 +402,32 @@ def _big_transfer(rounds: int) -> None:
     MiB inputs, two 32 MiB outputs: the model's numpy work counts too), in-process, against
     64 MiB one way over a raw loopback socket."""
     payload = bytes(64 * 1024 * 1024)
+    checks = {"identity": _identity_check(16 * 1024 * 1024),
+              "add_sub": http_check(8 * 1024 * 1024)}
     with tempfile.TemporaryDirectory() as tmp:
         cases = [("identity", Serve("--in-process", repository=_identity_repository(tmp),
                                     model="identity"), _identity_http_body(16 * 1024 * 1024)),
-                 ("add_sub", Serve("--in-process"), _add_sub_http_body(8 * 1024 * 1024))]
+                 ("add_sub", Serve("--in-process"), add_sub_http_body(8 * 1024 * 1024))]
         try:
             times: dict[str, list[float]] = {name: [] for name, _, _ in cases}
             raw_times = []
-            calls = [(name, http_worker(serve.http, body, headers,
-                                        f"/v2/models/{name}/infer"))
-                     for name, serve, (body, headers) in cases]
-            for _, call in calls:
-                call()  # warm
+            conns = []
+            for name, serve, (body, headers) in cases:
+                conn = serve_load.http_client(serve.http, f"/v2/models/{name}/infer", body,
+                                              headers)()
+                reference = bytes(serve_load.call(conn))  # warm, and checked
+                checks[name](reference)
+                conns.append((name, conn, reference))
             for _ in range(rounds):
-                for name, call in calls:
+                for name, conn, reference in conns:
                     t = time.perf_counter()
-                    call()
+                    answer = serve_load.call(conn)
                     times[name].append(time.perf_counter() - t)
+                    if answer != reference:
+                        checks[name](answer)
                 raw_times.extend(_raw_socket_seconds(payload) for _ in range(3))
+            for _, conn, _ in conns:
+                conn.sock.close()
         finally:
             for _, serve, _ in cases:
                 serve.stop()
@@ -386,34 +455,48 @@ def main() -> None:
     args = parser.parse_args()
     requests = 400 if args.quick else 3000
     rounds = 2 if args.quick else 3
-    servers: dict[str, Server] = {"in-process": Serve("--in-process"), "stub": Serve()}
-    results: dict[tuple[str, str, int], list[tuple[float, list[float]]]] = {}
+    servers: dict[str, Server] = {
+        "in-process": Serve("--in-process"),
+        # The opt-in (quick models on the event loop's thread): shown, not a target row.
+        "inline": Serve("--in-process", "--inline-quick-models"),
+        "stub": Serve(),
+    }
+    results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]] = {}
     try:
         servers.update(_start_peers(args))
-        binary_body, binary_headers = _add_sub_http_body(16)
+        servers["grpc floor"] = GrpcFloor()
+        binary_body, binary_headers = add_sub_http_body(16)
         json_body, json_headers = _add_sub_json_body(16)
+        message, checks = grpc_request(16), {"HTTP": http_check(16), "gRPC": grpc_check(16)}
         for _ in range(rounds):
             for mode, server in servers.items():
                 body, headers = ((binary_body, binary_headers) if server.binary
                                  else (json_body, json_headers))
+                makers = {"gRPC": serve_load.grpc_client(server.grpc, INFER, message)}
+                if server.http:  # not the grpcio floor
+                    makers["HTTP"] = serve_load.http_client(
+                        server.http, "/v2/models/add_sub/infer", body, headers)
+                    makers = {"HTTP": makers["HTTP"], "gRPC": makers["gRPC"]}
                 for concurrency in (1, 16):
-                    http_make = lambda s=server, b=body, h=headers: http_worker(  # noqa: E731
-                        s.http, b, h, "/v2/models/add_sub/infer")
-                    grpc_make = lambda s=server: grpc_worker(s.grpc, 16)  # noqa: E731
-                    for proto, make in (("HTTP", http_make), ("gRPC", grpc_make)):
+                    for proto, make in makers.items():
+                        before = server.cpu()
+                        rate, lat, client = serve_load.drive(make, concurrency, requests,
+                                                             checks[proto])
+                        used = (server.cpu() - before) / len(lat)
                         results.setdefault((mode, proto, concurrency), []).append(
-                            run(make, concurrency, requests))
+                            (rate, lat, client, used))
         print(f"add_sub, two (16,) FP32 inputs, {requests} requests per case, best of "
-              f"{rounds} interleaved rounds")
+              f"{rounds} interleaved rounds; server / client us: CPU per call of the server (with "
+              "its child processes) and of the load generator")
         print(f"{'server':<12}{'protocol':<14}{'clients':>8}{'req/s':>10}{'p50 ms':>10}"
-              f"{'p99 ms':>10}")
+              f"{'p99 ms':>10}{'server us':>11}{'client us':>11}")
         for (mode, proto, concurrency), runs in results.items():
-            rate, lat = max(runs, key=lambda r: r[0])
+            rate, lat, client, used = max(runs, key=lambda r: r[0])
             q = statistics.quantiles(lat, n=100)
             shown = proto if proto == "gRPC" else (
                 "HTTP binary" if servers[mode].binary else "HTTP JSON")
             print(f"{mode:<12}{shown:<14}{concurrency:>8}{rate:>10.0f}{q[49] * 1e3:>10.2f}"
-                  f"{q[98] * 1e3:>10.2f}")
+                  f"{q[98] * 1e3:>10.2f}{used * 1e6:>11.0f}{client * 1e6:>11.0f}")
         _targets(results, servers)
     finally:
         for server in servers.values():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -166,16 +167,49 @@ def test_decoupled_stream_stopped_early_cancels(load: Loader) -> None:
     assert [o["OUT"].tolist() for o in outs] == [[0], [1]]
 
 
-def test_request_while_iterating_a_stream_is_refused(load: Loader) -> None:
-    model = load("decoupled_repeat")
-    seen = []
-    for out in model.stream({"N": np.array([2], np.int32)}):
-        seen.append(out["OUT"].tolist())
+_UNTIL_CANCELLED = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        sender = requests[0].get_response_sender()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([0], np.int32))]))
+        for _ in range(1000):  # execute runs until the caller cancels (at most 10 s)
+            if sender.is_cancelled():
+                break
+            time.sleep(0.01)
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_request_while_iterating_a_stream_is_refused(tmp_path: Path, isolated: bool) -> None:
+    """While its ``execute`` runs, the one instance is the iterating thread's: a request of
+    that thread is refused. (Once a decoupled ``execute`` returned, the instance is free,
+    as in Triton: decoupled_repeat, which answers from a thread, would serve it.)"""
+    (tmp_path / "waits" / "1").mkdir(parents=True)
+    (tmp_path / "waits" / "1" / "model.py").write_text(_UNTIL_CANCELLED)
+    config = (Path(EXAMPLES) / "decoupled_repeat" / "config.pbtxt").read_text()
+    (tmp_path / "waits" / "config.pbtxt").write_text(
+        config.replace('name: "decoupled_repeat"', 'name: "waits"')
+    )
+    with ModelRepository(tmp_path) as repo:
+        model = repo.load("waits", isolated=isolated, timeout=60)
+        stream = model.stream({"N": np.array([1], np.int32)})
+        assert next(stream)["OUT"].tolist() == [0]
         with pytest.raises(InferenceError) as info:
             model.infer({"N": np.array([1], np.int32)})
         assert info.value.code() == TritonError.UNAVAILABLE
         assert "this thread is already using it" in info.value.message()
-    assert seen == [[0], [1]]
+        stream.cancel()
+        with pytest.raises(InferenceError) as info:
+            next(stream)
+        assert info.value.code() == TritonError.CANCELLED
 
 
 def test_decoupled_infer_gives_first_response(load: Loader) -> None:

@@ -9,8 +9,8 @@
 * qa ``L0_backend_python/decoupled/decoupled_test.py``' BLS cancellation tests (its models
   ``decoupled_bls_cancel``, ``decoupled_bls_async_cancel``,
   ``decoupled_bls_cancel_after_complete`` calling ``response_sender_until_cancelled``);
-* qa ``L0_backend_python/async_execute/concurrency_test.py`` (``async_execute_decouple``,
-  ``async_execute_decouple_bls``): what it checks, without its timing;
+* (qa ``L0_backend_python/async_execute/concurrency_test.py`` runs in
+  ``tests/test_upstream_async_execute.py``;)
 * qa ``L0_backend_python/lifecycle/lifecycle_test.py::test_execute_cancel`` and
   ``decoupled/decoupled_test.py::test_decoupled_execute_cancel`` (``execute_cancel``), driven
   through ``LoadedModel.infer_async`` and ``stream(...).cancel()``, the runtime's side of a
@@ -67,8 +67,6 @@ def upstream_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "execute_cancel": PYTHON_MODELS / "execute_cancel",
             "execute_cancel_decoupled": PYTHON_MODELS / "execute_cancel",
             "response_sender_until_cancelled": PYTHON_MODELS / "response_sender_until_cancelled",
-            "async_execute_decouple": PYTHON_MODELS / "async_execute_decouple",
-            "async_execute_decouple_bls": PYTHON_MODELS / "async_execute_decouple_bls",
             **{name: DECOUPLED_MODELS / name for name in BLS_CANCEL},
         },
         model_file={
@@ -528,36 +526,6 @@ def test_decoupled_bls_cancel_after_complete(load: Loader, max_sum: int, cancell
         assert np.array_equal(result["SUM"], np.array([max_sum], dtype=np.int32))
     else:
         assert result["SUM"][0] < max_sum
-
-
-# -- async execute (qa async_execute/concurrency_test.py, without its timing) ----------------------
-@pytest.mark.parametrize("name", ["async_execute_decouple", "async_execute_decouple_bls"])
-def test_async_execute_decoupled(load: Loader, name: str) -> None:
-    """A decoupled ``async def execute`` runs on the model's event loop in the background;
-    the BLS variant awaits ``async_exec`` of the other (before: it hung in-process)."""
-    load("async_execute_decouple")
-    batch_size = 4
-    responses = list(
-        load(name).stream({"WAIT_SECONDS": np.full([batch_size, 1], 0.2, dtype=np.float32)})
-    )
-    assert len(responses) == 1
-    assert responses[0]["DUMMY_OUT"].shape[0] == batch_size
-
-
-def test_async_execute_model_raise_exception(
-    load: Loader, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The background coroutine's exception is logged (the model sent the final flag
-    before raising, so the stream just ends)."""
-    model = load("async_execute_decouple")
-    with caplog.at_level(logging.INFO, logger="pb_tensor.runtime"):
-        assert list(model.stream({"WAIT_SECONDS": np.full([1, 1], -1, dtype=np.float32)})) == []
-        for _ in range(600):  # the log record may follow the final flag
-            if "ValueError: wait_secs cannot be negative" in caplog.text:
-                break
-            threading.Event().wait(0.05)
-            model.is_ready()  # a stub's records arrive with its next message
-    assert "ValueError: wait_secs cannot be negative" in caplog.text
 
 
 # -- waits the caller can interrupt (issue 18 item 5; the runtime's own model) ---------------------

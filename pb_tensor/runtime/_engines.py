@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import socket
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 import pb_tensor
 from pb_tensor import Tensor
 from pb_tensor.runtime._channel import Channel, ChannelClosed
+from pb_tensor.runtime._demux import Demux, NoAnswer
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import HostInfo, RequestData
 from pb_tensor.runtime._seam import TritonError
@@ -46,18 +48,20 @@ class Engine(Protocol):
 
     def run(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None,
+        returned: Callable[[], None] | None = None,
         on_sent: Callable[[], None] | None = None,
-    ) -> Iterable[Reply]: ...
+    ) -> Iterable[Reply]:
+        """The replies of one ``execute`` call on ``batch``. ``returned``: called once a
+        decoupled model's ``execute`` returned while replies may still come (the instance
+        may take its next batch then, as in Triton). ``on_sent``: called once the batch is
+        on its way to the model, before waiting for its replies."""
+        ...
+
     def metrics(self) -> dict[str, Any]: ...
     def is_ready(self) -> tuple[bool, str | None]: ...
     def stop(self) -> str | None: ...
     @property
     def pid(self) -> int | None: ...
-
-
-class _NoAnswer(TimeoutError):
-    """The stub did not answer in time (a ``TimeoutError`` a signal handler raises in the
-    caller's wait is the caller's, not this)."""
 
 
 class StubFailure(Exception):
@@ -104,6 +108,8 @@ class StubEngine:
         # finalizer of any callback cannot name.
         self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
         self._log_level = logging.NOTSET
+        self.demux: Demux | None = None
+        self._batch_ids = itertools.count(1)
 
     # -- process ------------------------------------------------------------------------------
     @property
@@ -136,6 +142,7 @@ class StubEngine:
         finally:
             theirs.close()
         self.channel = Channel(Connection(ours.detach()), self.pool)
+        self.demux = Demux(self.channel, self._serve)
         self._finalizer = weakref.finalize(self, _kill, self.proc, self.channel)
         self._log_level = wanted_log_level(self.name)
         body = {
@@ -189,7 +196,7 @@ class StubEngine:
                 if kind in kinds:
                     return kind, tensors, body
                 self._handler(self, kind, tensors, body)
-        except (ChannelClosed, _NoAnswer) as exc:
+        except (ChannelClosed, NoAnswer) as exc:
             if self.info is not None and isinstance(exc, ChannelClosed):
                 # The stub died in initialize (Triton's launcher: the stub is not healthy).
                 ended = how_it_ended(self.proc)
@@ -202,20 +209,19 @@ class StubEngine:
                 f"Stub process for model '{self.name}' failed to start: {exc}"
             ) from None
 
+    def _serve(self, kind: str, tensors: list[Tensor], body: Any) -> None:
+        """A message of the stub's own (a log record, BLS, model control)."""
+        if kind == "log":
+            emit_record(body, self.pid)
+        else:
+            self._handler(self, kind, tensors, body)
+
     def _next(self, deadline: float | None) -> tuple[str, list[Tensor], Any]:
-        channel = self.channel
-        if channel is None:
+        """The stub's answer to the runtime's call."""
+        demux = self.demux
+        if demux is None:
             raise ChannelClosed("the stub process is not running")
-        while True:
-            if deadline is not None:
-                remaining = max(0.0, deadline - time.monotonic())
-                if not channel.poll(remaining):
-                    raise _NoAnswer(f"no answer within {remaining} s")
-            kind, tensors, body = channel.recv()
-            if kind == "log":
-                emit_record(body, self.pid)
-                continue
-            return kind, tensors, body
+        return demux.next(None, deadline)
 
     def kill(self) -> None:
         """Kill the stub (if running) and forget it."""
@@ -224,13 +230,14 @@ class StubEngine:
             self._finalizer = None
         self.proc = None
         self.channel = None
+        self.demux = None
 
     # -- requests -----------------------------------------------------------------------------
     def run(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None,
+        returned: Callable[[], None] | None = None,
         on_sent: Callable[[], None] | None = None,
     ) -> Iterator[Reply]:
-        """The replies of ``batch`` (``on_sent`` is called once it went to the stub)."""
         info = self.info
         if info is None:
             raise StubFailure("the model was never initialized")
@@ -238,9 +245,10 @@ class StubEngine:
             log.warning("restarting the stub process of model instance '%s'",
                         info.instance_name)
             self.restart()
-        channel = self.channel
-        if channel is None:  # restart raised or gave nothing
+        channel, demux = self.channel, self.demux
+        if channel is None or demux is None:  # restart raised or gave nothing
             raise StubFailure("the stub process is not running")
+        batch_id = next(self._batch_ids)
         tracker = Tracker(len(batch), info.decoupled, info.instance_name)
         deadline = None if timeout is None else time.monotonic() + timeout
         tensors: list[Tensor] = []
@@ -251,26 +259,29 @@ class StubEngine:
             body.append((len(r.inputs), r.requested_outputs, r.request_id, r.correlation_id,
                          r.flags, r.parameters, r.timeout_us, names))
         unsubscribe: list[Callable[[], None]] = []
+        demux.open(batch_id)
         try:
             self._sync_log_level(channel)
-            channel.send("execute", body, tensors)
+            channel.send("execute", (batch_id, body), tensors)
             if on_sent is not None:
                 on_sent()
             if isinstance(cancel, Cancellation):
-                unsubscribe.append(cancel.subscribe(lambda: _send_cancel(channel, len(batch))))
+                unsubscribe.append(cancel.subscribe(
+                    lambda: _send_cancel(channel, batch_id, len(batch))
+                ))  # fmt: skip
             elif cancel is not None:
                 for index, c in enumerate(cancel):
                     if c is not None:
                         unsubscribe.append(c.subscribe(
-                            functools.partial(_send_cancel, channel, 1, index)
+                            functools.partial(_send_cancel, channel, batch_id, 1, index)
                         ))  # fmt: skip
             received = 0
             while not tracker.finished:
-                kind, out, msg = self._next(deadline)
+                kind, out, msg = demux.next(batch_id, deadline)
                 for t in out:
                     received += t.byte_size
                 if kind == "response":
-                    index, error, parameters, flags, has_response = msg
+                    index, error, parameters, flags, has_response, _ = msg
                     err = None if error is None else InferenceError(error[0], error[1])
                     yield from tracker.reply(
                         Reply(index, out, err, parameters, flags, has_response)
@@ -278,16 +289,19 @@ class StubEngine:
                 elif kind == "done":
                     for reply in _batched(msg[1], out):
                         yield from tracker.reply(reply)
-                    yield from tracker.done(msg[0], msg[2], msg[3] if len(msg) > 3 else ())
-                else:
-                    self._handler(self, kind, out, msg)
+                    finished = tracker.done(msg[0], msg[2], msg[3])
+                    if returned is not None and info.decoupled and not tracker.finished:
+                        returned()  # before the caller sees a reply: the instance is free
+                    yield from finished
             if received >= _ACK_BYTES:
                 # The stub holds what it sent until told it was loaded; say so now rather than
                 # with the next request, so large responses do not stay pinned while idle.
                 channel.send("ack")
         except ChannelClosed:
-            ended = how_it_ended(self.proc)
-            self.kill()
+            ended = ""
+            if self.channel is channel:  # (another batch's reader may have restarted it)
+                ended = how_it_ended(self.proc)
+                self.kill()
             yield from tracker.fail(
                 InferenceError(
                     f"Failed to process the request(s) for model instance "
@@ -296,8 +310,9 @@ class StubEngine:
                     TritonError.INTERNAL,
                 )
             )
-        except _NoAnswer:
-            self.kill()
+        except NoAnswer:
+            if self.channel is channel:
+                self.kill()
             yield from tracker.fail(
                 InferenceError(
                     f"Failed to process the request(s) for model instance "
@@ -309,31 +324,29 @@ class StubEngine:
         finally:
             for undo in unsubscribe:
                 undo()
-            if not tracker.finished and self.channel is not None:
-                # The caller stopped reading early: cancel and drain, so the channel stays
-                # in step; a stub that does not finish in time is killed.
-                self._drain(tracker, min(timeout or 10.0, 10.0))
+            if not tracker.finished and self.channel is channel:
+                # The caller stopped reading early: cancel and wait for the model to end
+                # the batch; a stub that does not finish in time is killed.
+                self._drain(channel, demux, batch_id, tracker, min(timeout or 10.0, 10.0))
+            demux.close(batch_id)
 
-    def _drain(self, tracker: Tracker, timeout: float) -> None:
-        channel = self.channel
-        if channel is None:
-            return
+    def _drain(self, channel: Channel, demux: Demux, batch_id: int, tracker: Tracker,
+               timeout: float) -> None:  # fmt: skip
         deadline = time.monotonic() + timeout
         try:
             for index in sorted(tracker.pending):
-                channel.send("cancel", index)
+                channel.send("cancel", (batch_id, index))
             while not tracker.finished:
-                kind, out, msg = self._next(deadline)
+                kind, out, msg = demux.next(batch_id, deadline)
                 if kind == "response":
                     tracker.reply(Reply(msg[0], out, None, msg[2], msg[3], msg[4]))
                 elif kind == "done":
                     for reply in _batched(msg[1], out):
                         tracker.reply(reply)
-                    tracker.done(msg[0], msg[2], msg[3] if len(msg) > 3 else ())
-                else:
-                    self._handler(self, kind, out, msg)
-        except (ChannelClosed, _NoAnswer):
-            self.kill()
+                    tracker.done(msg[0], msg[2], msg[3])
+        except (ChannelClosed, NoAnswer):
+            if self.channel is channel:
+                self.kill()
 
     def send(self, kind: str, body: Any, tensors: list[Tensor] | None = None) -> None:
         """Answer the stub (BLS replies, model-control replies)."""
@@ -380,18 +393,18 @@ class StubEngine:
                     if kind not in ("response", "done"):
                         self._handler(self, kind, out, msg)
                 proc.wait(_FINALIZE_TIMEOUT)
-            except (ChannelClosed, _NoAnswer, subprocess.TimeoutExpired):
+            except (ChannelClosed, NoAnswer, subprocess.TimeoutExpired):
                 pass
         self.kill()
         return error
 
 
-def _send_cancel(channel: Channel, size: int, first: int = 0) -> None:
-    """Tell the stub the caller cancelled requests ``first .. first + size - 1`` of the
-    running batch."""
+def _send_cancel(channel: Channel, batch_id: int, size: int, first: int = 0) -> None:
+    """Tell the stub the caller cancelled requests ``first .. first + size - 1`` of batch
+    ``batch_id``."""
     with contextlib.suppress(ChannelClosed):
         for index in range(first, first + size):
-            channel.send("cancel", index)
+            channel.send("cancel", (batch_id, index))
 
 
 def _batched(replies: list[tuple[Any, ...]], tensors: list[Tensor]) -> Iterator[Reply]:

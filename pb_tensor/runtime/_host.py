@@ -9,7 +9,6 @@ backend) differ.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import importlib.machinery
 import importlib.util
@@ -27,6 +26,7 @@ from typing import Any
 
 from pb_tensor import Tensor
 from pb_tensor.errors import TritonModelException
+from pb_tensor.runtime._background import background_done
 from pb_tensor.runtime._model_code import ExecuteOnlyBls, ModelCode, model_argv
 from pb_tensor.runtime._reshape import output_reshapes, reshape_outputs
 from pb_tensor.runtime._seam import (
@@ -457,14 +457,24 @@ class ModelHost:
                     )
                     if self.info.decoupled:
                         # As upstream: a decoupled model's coroutine runs on in the background
-                        # (its responses come through the senders); its failure is only logged.
-                        future.add_done_callback(_log_background_failure)
+                        # (its responses come through the senders) and the instance takes its
+                        # next batch; its failure is logged and ends its unfinished requests.
+                        future.add_done_callback(functools.partial(
+                            background_done, batch, len(requests), self._background_error
+                        ))  # fmt: skip
                         return None
                     returned = future.result()
             return self._process_returned(batch, returned)
         except (Exception, SystemExit) as exc:
             self._raised_at = _model_frame(exc, self.info.model_path)
             return format_exception(exc)
+
+    def _background_error(self, exc: BaseException) -> str:
+        """The error of the requests a decoupled coroutine that raised left unfinished."""
+        return (
+            f"Failed to process the request(s) for model '{self.info.instance_name}', "
+            f"message: {format_exception(exc)}"
+        )
 
     def _process_returned(self, batch: Batch, returned: object) -> str | None:
         requests = batch.requests
@@ -541,15 +551,6 @@ async def _await_serving(backend: ModelBackend, coroutine: Any) -> Any:
     context of its own; tasks it starts inherit the backend)."""
     set_backend(backend)
     return await coroutine
-
-
-def _log_background_failure(future: concurrent.futures.Future[Any]) -> None:
-    """Log what a background ``async def execute`` raised, as upstream's stub logs it."""
-    if future.cancelled():
-        return
-    exc = future.exception()
-    if exc is not None:
-        log.error("%s", "".join(traceback.format_exception(exc)))
 
 
 class Batch:

@@ -94,6 +94,7 @@ class InProcessEngine:
 
     def run(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None,
+        returned: Callable[[], None] | None = None,
         on_sent: Callable[[], None] | None = None,
     ) -> Iterable[Reply]:
         """The replies of ``batch`` (``on_sent`` is called before it runs)."""
@@ -103,7 +104,7 @@ class InProcessEngine:
         for data in batch:
             data.inputs = as_delivered(data.inputs, copy=copy)
         if self.host.info.decoupled:
-            return self._run_decoupled(batch, timeout, cancel)
+            return self._run_decoupled(batch, timeout, cancel, returned)
         # Every response but those sent after execute returned arrives before it returns:
         # the replies are a list.
         events: queue.SimpleQueue[Event | _Returned] = queue.SimpleQueue()
@@ -141,6 +142,7 @@ class InProcessEngine:
         deadline: float | None,
         timeout: float | None,
         cancelled: set[int],
+        returned: Callable[[], None] | None = None,
     ) -> Iterator[Reply]:
         """The replies as ``events`` brings them, until every request's final flag (or the
         deadline: the rest are cancelled and fail)."""
@@ -155,12 +157,16 @@ class InProcessEngine:
                 yield from tracker.fail(_timed_out(self.host.info.instance_name, timeout))
                 return
             if isinstance(item, _Returned):
-                yield from tracker.done(item.error, (), item.rescheduled)
+                ended = tracker.done(item.error, (), item.rescheduled)
+                if returned is not None and not tracker.finished:
+                    returned()  # before the caller sees a reply: the instance is free
+                yield from ended
             else:
                 yield from tracker.reply(_reply_from(*item))
 
     def _run_decoupled(
-        self, batch: list[RequestData], timeout: float | None, cancel: Cancels
+        self, batch: list[RequestData], timeout: float | None, cancel: Cancels,
+        returned: Callable[[], None] | None,
     ) -> Iterator[Reply]:
         """``execute`` runs in a thread of its own while this one reads the responses as
         they come, as a Triton client reads a stub's: a cancellation or a BLS caller's
@@ -179,11 +185,16 @@ class InProcessEngine:
         def work() -> None:
             with acting_as(caller):
                 error = self.host.execute(requests)
+                if returned is not None:
+                    # The instance is free once execute returned, whether or not the caller
+                    # reads on (it may wait for another request first, as a coroutine
+                    # gathering several BLS streams does).
+                    returned()
                 events.put(_Returned(error, requests.rescheduled))
 
         threading.Thread(target=work, name=f"pb-tensor-execute-{info.name}", daemon=True).start()
         try:
-            yield from self._wait(tracker, events, deadline, timeout, cancelled)
+            yield from self._wait(tracker, events, deadline, timeout, cancelled, returned)
         finally:
             if not tracker.finished:
                 # The caller stopped reading early: cancel, and give the model a moment to

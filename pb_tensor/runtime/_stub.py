@@ -37,6 +37,7 @@ from pb_tensor.runtime._host import (
 )
 from pb_tensor.runtime._placement import gpu_refusal, place
 from pb_tensor.runtime._reshape import renamed
+from pb_tensor.runtime._running import RunningBatch
 from pb_tensor.runtime._seam import (
     BLS_OUTSIDE_EXECUTE_MESSAGE,
     InferenceRequest,
@@ -130,7 +131,11 @@ class _Stub:
         self.waiters: dict[int, queue.SimpleQueue[Message | None]] = {}
         self.waiters_lock = threading.Lock()
         self.call_ids = itertools.count(1)
-        self.cancelled: set[int] = set()
+        # The batches whose requests may still be answered, by the runtime's batch id: a
+        # decoupled ``async def execute`` leaves its batch running on the model's event loop
+        # while the next one starts (as Triton's stub returns to its message loop).
+        self.batches: dict[int, RunningBatch] = {}
+        self.batches_lock = threading.Lock()
         self.reader = threading.Lock()
         self.execute_started = 0.0  # time.monotonic() when the running execute began, or 0
         self.closed = False
@@ -160,7 +165,11 @@ class _Stub:
             if box is not None:
                 box.put(message)
         elif kind == "cancel":
-            self.cancelled.add(int(message[2]))
+            batch_id, index = message[2]
+            with self.batches_lock:
+                running = self.batches.get(batch_id)
+            if running is not None:
+                running.cancelled.add(int(index))
         elif kind == "ack":
             pass  # Channel.recv already released what the runtime acknowledged
         else:
@@ -346,10 +355,11 @@ class _Stub:
             return
         self.channel.send("ready", None)
 
-    def execute(self, tensors: list[Tensor], body: list[tuple[Any, ...]]) -> None:
+    def execute(self, tensors: list[Tensor], message: tuple[int, list[tuple[Any, ...]]]) -> None:
+        batch_id, body = message
         host = self.host
         if host is None:
-            self.channel.send("done", ("the model is not initialized", [], []))
+            self.channel.send("done", ("the model is not initialized", [], [], [], batch_id))
             return
         batch = []
         at = 0
@@ -362,7 +372,9 @@ class _Stub:
                             timeout)
             )  # fmt: skip
             at += count
-        self.cancelled.clear()
+        running = RunningBatch(len(batch))
+        with self.batches_lock:
+            self.batches[batch_id] = running
         decoupled = host.info.decoupled
         # A non-decoupled model's responses all exist when execute returns: they travel with
         # the "done" message (one message per batch instead of one per response).
@@ -371,15 +383,20 @@ class _Stub:
         held: list[tuple[int, InferenceResponse | None, int]] | None = []
         hold = threading.Lock()
 
+        def send(index: int, response: InferenceResponse | None, flags: int) -> None:
+            self.send_response(batch_id, index, response, flags)
+            if flags & _FINAL and running.finished(index):
+                self._forget(batch_id)
+
         def keep(index: int, response: InferenceResponse | None, flags: int) -> None:
             with hold:
                 if held is not None:
                     held.append((index, response, flags))
                     return
-            self.send_response(index, response, flags)
+            send(index, response, flags)
 
         requests = host.build_requests(
-            batch, self.send_response if decoupled else keep, self.cancelled.__contains__
+            batch, send if decoupled else keep, running.cancelled.__contains__
         )
         self.execute_started = time.monotonic()
         try:
@@ -392,6 +409,8 @@ class _Stub:
         replies: list[tuple[int, tuple[str, int] | None, str, int, bool, int]] = []
         outputs: list[Tensor] = []
         for index, response, flags in returned or ():
+            if flags & _FINAL:
+                running.finished(index)
             if response is None:
                 replies.append((index, None, "{}", flags, False, 0))
                 continue
@@ -399,19 +418,30 @@ class _Stub:
             replies.append((index, error_out, response.parameters(), flags, True,
                             len(tensors_out)))  # fmt: skip
             outputs.extend(tensors_out)
+        if error is not None or running.all_finished() or (not decoupled and not waiting):
+            self._forget(batch_id)
         try:
-            self.channel.send("done", (error, replies, waiting, requests.rescheduled), outputs)
+            self.channel.send(
+                "done", (error, replies, waiting, requests.rescheduled, batch_id), outputs
+            )
         except TritonModelException as exc:  # the pool cannot hold the outputs
             self.channel.send("done", (f"Failed to process the request(s) for model "
-                                       f"'{host.info.instance_name}', message: {exc}", [], []))
+                                       f"'{host.info.instance_name}', message: {exc}", [], [],
+                                       [], batch_id))  # fmt: skip
 
-    def send_response(self, index: int, response: InferenceResponse | None, flags: int) -> None:
+    def _forget(self, batch_id: int) -> None:
+        with self.batches_lock:
+            self.batches.pop(batch_id, None)
+
+    def send_response(
+        self, batch_id: int, index: int, response: InferenceResponse | None, flags: int
+    ) -> None:
         if response is None:
-            self.channel.send("response", (index, None, "{}", flags, False))
+            self.channel.send("response", (index, None, "{}", flags, False, batch_id))
             return
         error, tensors = self.outgoing(response)
         self.channel.send(
-            "response", (index, error, response.parameters(), flags, True), tensors
+            "response", (index, error, response.parameters(), flags, True, batch_id), tensors
         )  # fmt: skip
 
     def outgoing(

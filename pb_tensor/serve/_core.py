@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ from pb_tensor.serve._errors import (
     UNAVAILABLE,
     ServeError,
 )
+from pb_tensor.serve._inline import InlinePolicy
 from pb_tensor.serve._shm import Regions
 
 __all__ = ["Core", "ModelState", "Options", "parse_version"]
@@ -61,6 +63,9 @@ class Options:
     exit_on_error: bool = True
     log_verbose: int = 0
     in_process: bool = False
+    # --inline-quick-models: an opt-in, because a model run on the event loop's thread sees
+    # a running asyncio loop (asyncio.run in its execute fails) where Triton's stub has none.
+    inline_quick_models: bool = False
     # --http-max-input-size (Triton's default: 64 MiB)
     max_input_size: int = 64 * 1024 * 1024
 
@@ -137,6 +142,7 @@ class Core:
             max_workers=64, thread_name_prefix="pb-tensor-serve-infer"
         )
         self._idle = threading.Condition(self._lock)
+        self._inline = InlinePolicy()
         self.live = True
         self.ready = False
         self.startup_failures: list[str] = []
@@ -336,8 +342,9 @@ class Core:
     async def infer(self, model: LoadedModel, inputs: Mapping[str, Any],
                     requested: Sequence[str] | None, parameters: Mapping[str, Any],
                     request_id: str, correlation_id: int | str, flags: int) -> Outputs:
-        """Run one request on ``model`` in a worker thread; cancelling the awaiting task (a
-        client that went away) cancels the request, which the model sees.
+        """Run one request on ``model`` in a worker thread (in-process, a quick model's
+        request on this thread: :mod:`pb_tensor.serve._inline`); cancelling the awaiting
+        task (a client that went away) cancels the request, which the model sees.
 
         Raises:
             ServeError: the request is invalid or the model answered with an error.
@@ -350,10 +357,15 @@ class Core:
         # and, measured, ~0.5 ms more per request). With stub processes, a stream that ends
         # in an error response waits for a final flag that does not come (bounded, 10 s), so
         # there infer_async's future is used.
+        # A model that has shown it is quick runs on this (the event loop's) thread: no
+        # hand-over to a pool thread and back (see _inline).
         stream = self.stream(model, inputs, requested, parameters, request_id,
                              correlation_id, flags)
+        inline = self.options.inline_quick_models and self._inline.allowed(
+            model, self.pending(model.name) == 1)
 
         def run() -> Outputs | None:
+            start = time.perf_counter_ns()
             try:
                 first = None
                 for outputs in stream:
@@ -362,10 +374,14 @@ class Core:
                 return first
             finally:
                 self.done(model)
+                self._inline.record(model, time.perf_counter_ns() - start, inline)
 
-        loop = asyncio.get_running_loop()
         try:
-            result = await loop.run_in_executor(self._executor, run)
+            if inline:
+                result = run()
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._executor, run)
         except asyncio.CancelledError:
             stream.cancel()
             raise

@@ -22,6 +22,7 @@ from pb_tensor.serve._errors import (
     http_status,
 )
 from pb_tensor.serve._http_infer import header_length, parse_infer, parse_json, render_infer
+from pb_tensor.serve._protocol import on_disconnect
 
 __all__ = ["EXTENSIONS", "HttpApp", "extensions", "server_metadata"]
 
@@ -39,6 +40,7 @@ _MODEL = re.compile(
 _SHM = re.compile(r"^/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)/?$")
 _REPO = re.compile(r"^/v2/repository(?:/([^/]+))?/models/([^/]+)/(load|unload)/?$")
 _JSON = [(b"content-type", b"application/json")]
+_JOIN_LIMIT = 64 << 10  # response bodies up to this size are sent in one piece
 # Triton's endpoints of extensions not served here: 501 with a message saying so.
 _UNSUPPORTED = (
     ("/v2/cudasharedmemory", "the CUDA shared memory extension"),
@@ -297,16 +299,24 @@ class HttpApp:
             model, call.inputs, call.requested, call.parameters, call.request_id,
             call.correlation_id, call.flags,
         ))  # fmt: skip
-        gone = asyncio.ensure_future(_disconnect(receive))
-        try:
-            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-        if not task.done():  # the client went away: cancel the request
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return
-        outputs = task.result()
+        if on_disconnect(receive, task.cancel):  # pb-tensor's protocol tells
+            try:
+                outputs = await task
+            except asyncio.CancelledError:  # the client went away: the request is cancelled
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return
+        else:
+            gone = asyncio.ensure_future(_disconnect(receive))
+            try:
+                await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if not task.done():  # the client went away: cancel the request
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return
+            outputs = task.result()
         parts, head_len = render_infer(name, model.version, call, outputs, outputs.parameters,
                                        core.regions)
         out_headers: list[tuple[bytes, bytes]] = []
@@ -320,8 +330,11 @@ class HttpApp:
         if chosen is not None:
             parts = [_compress(b"".join(parts), chosen)]
             out_headers.append((b"content-encoding", chosen))
-        # The outputs go out as they are (views of the model's arrays): no joined copy.
+        # Large outputs go out as they are (views of the model's arrays): no joined copy;
+        # small ones in one piece (one write).
         size = sum(len(p) for p in parts)
+        if len(parts) > 1 and size <= _JOIN_LIMIT:
+            parts = [b"".join(parts)]
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*out_headers, (b"content-length", str(size).encode())]})
         for i, part in enumerate(parts):

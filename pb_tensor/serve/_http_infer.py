@@ -24,6 +24,7 @@ from pb_tensor.serve._tensors import (
 __all__ = ["InferCall", "json_error_text", "parse_infer", "parse_json", "render_infer"]
 
 _INT32_MAX = 2**31 - 1
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=True)
 
 # rapidjson's texts (GetParseError_En) for what Python's json reports.
 _JSON_TEXTS = (
@@ -304,7 +305,7 @@ def render_infer(
     if parameters:
         response["parameters"] = parameters
     response["outputs"] = out_json
-    head = json.dumps(response, separators=(",", ":"), allow_nan=True).encode()
+    head = _ENCODER.encode(response).encode()
     if not blobs:
         return [head], None
     return [head, *blobs], len(head)

@@ -370,10 +370,10 @@ def _run(
         request, decoupled=decoupled, timeout_us=timeout if timeout else None
     )
     if decoupled:
-        if isinstance(result, InferenceResponse):
-            return ResponseIterator(result)
-        if isinstance(result, Iterator):
-            return ResponseIterator(result)
+        if isinstance(result, InferenceResponse | Iterator):
+            responses = ResponseIterator(result)
+            responses.wait_first()
+            return responses
         raise TritonModelException(
             f"the runtime returned {type(result).__name__} for a decoupled BLS request"
         )

@@ -263,7 +263,7 @@ class ResponseIterator:
     upstream's iterator does. ``cancel()`` asks the runtime to cancel the BLS request.
     """
 
-    __slots__ = ("_cancel", "_finished", "_idx", "_responses", "_source")
+    __slots__ = ("_ahead", "_cancel", "_finished", "_idx", "_responses", "_source")
 
     def __init__(
         self,
@@ -281,6 +281,19 @@ class ResponseIterator:
         self._responses: list[InferenceResponse] = []
         self._finished = False
         self._idx = 0
+        self._ahead: InferenceResponse | None = None
+
+    def wait_first(self) -> None:
+        """Wait for the first response (or the end), as upstream's ``exec(decoupled=True)``
+        returns once the first response arrived (``async_exec`` too, in its executor
+        thread): iterating in a coroutine then blocks the event loop only for the later
+        responses."""
+        if self._finished or self._ahead is not None or self._responses:
+            return
+        try:
+            self._ahead = next(self._source)
+        except StopIteration:
+            self._finished = True
 
     def __iter__(self) -> ResponseIterator:
         if self._finished and self._idx >= len(self._responses):
@@ -293,6 +306,10 @@ class ResponseIterator:
                 self._idx += 1
                 return self._responses[self._idx - 1]
             raise StopIteration("Iteration is done for the responses.")
+        if self._ahead is not None:
+            response, self._ahead = self._ahead, None
+            self._responses.append(response)
+            return response
         try:
             response = next(self._source)
         except StopIteration:

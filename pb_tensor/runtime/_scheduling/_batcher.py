@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._queue import QueuePolicy
-from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet, Lease
 from pb_tensor.runtime._scheduling._stats import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
@@ -34,13 +34,15 @@ __all__ = [
 ]
 
 class RunBatch(Protocol):
-    """``run(instance, batch, timeout, cancels, on_sent)``: the replies of one ``execute``
-    call; ``on_sent`` is called once the batch is on its way to the model (before waiting
-    for its replies)."""
+    """``run(instance, batch, timeout, cancels, returned, on_sent)``: the replies of one
+    ``execute`` call; ``returned`` is called once a decoupled model's ``execute`` returned
+    while replies may still come, ``on_sent`` once the batch is on its way to the model
+    (before waiting for its replies)."""
 
     def __call__(
         self, instance: Instance, batch: list[RequestData], timeout: float | None,
-        cancels: list[Cancellation | None], on_sent: Callable[[], None] | None = None, /,
+        cancels: list[Cancellation | None], returned: Callable[[], None] | None,
+        on_sent: Callable[[], None] | None = None, /,
     ) -> Iterable[Reply]: ...
 
 
@@ -304,21 +306,25 @@ class DynamicBatcher:
             if item is None:
                 return
             instance, batch = item
-            instance.owner = threading.get_ident()
             previous: _Delivery = []
             held: _Delivery = []
+            lease: Lease | None = None
             try:
                 while batch:
                     previous, held = held, []
-                    self._execute(instance, batch, previous, held)
-                    # The instance is idle now: this thread forms the next batch itself when
-                    # one is ready (no hand-off to the batcher's thread and back); one that
-                    # must wait for the queue delay is left to the batcher's thread.
+                    lease = Lease(self._instances, instance)
+                    if self._execute(instance, batch, lease, previous, held):
+                        return  # detached: this thread ends with its batch
+                    # The batch ended with the instance still this thread's: it forms the
+                    # next batch itself when one is ready (no hand-off to the batcher's
+                    # thread and back); one that must wait for the queue delay is left to
+                    # the batcher's thread.
                     batch = self._ready()
             finally:
                 _deliver(previous)  # delivered already, unless the engine's run raised early
                 _deliver(held)
-                self._instances.release(instance)
+                if lease is not None:
+                    lease.end()  # releases the instance (nothing if the batch detached)
 
     def _ready(self) -> list[Pending]:
         """The next batch when one can leave the queue now, else nothing."""
@@ -398,54 +404,79 @@ class DynamicBatcher:
         return batch
 
     def _execute(
-        self, instance: Instance, batch: list[Pending], previous: _Delivery, held: _Delivery
-    ) -> None:
-        """Run ``batch`` on ``instance`` (owned by this thread); hand ``previous`` (the
-        previous batch's replies) to their callers once this batch is on its way, so that
-        waking them overlaps with the model's work. The replies of ``batch`` go to their
-        callers as they come (decoupled), or into ``held`` for the caller to deliver."""
+        self, instance: Instance, batch: list[Pending], lease: Lease, previous: _Delivery,
+        held: _Delivery,
+    ) -> bool:
+        """Run ``batch`` on ``instance`` and hand each reply to its caller: as it comes
+        (decoupled), or into ``held`` for the calling thread to deliver. ``previous`` (the
+        previous batch's replies) goes to its callers once this batch is on its way, so that
+        waking them overlaps with the model's work. Once a decoupled model's ``execute``
+        returned, the instance takes its next batch (as in Triton), run by a new thread of
+        the instance, while this one reads the rest of this batch's replies; True then (this
+        thread ends with the batch, and ``lease`` with it)."""
+        instance.owner = threading.get_ident()
+        exec_start = time.monotonic_ns()
+        timeouts = [e.timeout for e in batch]
+        timeout = None if None in timeouts else max(t for t in timeouts if t is not None)
+        detached: list[bool] = []
+
+        def returned() -> None:
+            with self._cond:  # the instance's next batches go to a new thread
+                if not detached and self._workers.get(id(instance)) is not None:
+                    del self._workers[id(instance)]
+                detached.append(True)
+            lease.returned()
 
         def flush() -> None:
             _deliver(previous)
 
-        def give(entry: Pending, reply: Reply | None) -> None:
-            if self._hold:
-                held.append((entry.out, reply))
-            else:
-                entry.out.put(reply)
-
-        exec_start = time.monotonic_ns()
-        total = sum(e.size for e in batch)
-        timeouts = [e.timeout for e in batch]
-        timeout = None if None in timeouts else max(t for t in timeouts if t is not None)
-        compute_start = time.monotonic_ns()
+        give = held.append if self._hold else None
         try:
             for reply in self._run(instance, [e.data for e in batch], timeout,
-                                   [e.cancel for e in batch], flush):  # fmt: skip
+                                   [e.cancel for e in batch], returned, flush):  # fmt: skip
                 entry = batch[reply.index]
                 if reply.error is not None:
                     entry.failed = True
                 reply.index = entry.where
-                give(entry, reply)
-        except Exception as exc:  # the engine itself failed: every request fails with it
-            error = exc if isinstance(exc, InferenceError) else InferenceError(
-                f"Failed to process the request(s) for model '{self._name}', message: {exc}",
-                TritonError.INTERNAL,
-            )
-            for entry in batch:
-                entry.failed = True
-                give(entry, Reply(entry.where, [], error, "{}", FINAL, False))
-        finally:
-            flush()
-            end = time.monotonic_ns()
-            self._stats.execution(total, exec_start, compute_start, end, end)
-            for entry in batch:
-                if entry.failed:
-                    self._stats.failure(entry.start_ns, end)
+                if give is None:
+                    entry.out.put(reply)
                 else:
-                    self._stats.success(entry.size, entry.start_ns, exec_start, compute_start,
-                                        end, end, end)  # fmt: skip
-                give(entry, _END)
+                    give((entry.out, reply))
+        except Exception as exc:  # the engine itself failed: every request fails with it
+            self._failed(batch, exc, held if self._hold else None)
+        flush()
+        self._ended(batch, exec_start, held if self._hold else None)
+        if detached:
+            lease.end()
+        return bool(detached)
+
+    def _failed(self, batch: list[Pending], exc: Exception, held: _Delivery | None) -> None:
+        error = exc if isinstance(exc, InferenceError) else InferenceError(
+            f"Failed to process the request(s) for model '{self._name}', message: {exc}",
+            TritonError.INTERNAL,
+        )
+        for entry in batch:
+            entry.failed = True
+            reply = Reply(entry.where, [], error, "{}", FINAL, False)
+            if held is None:
+                entry.out.put(reply)
+            else:
+                held.append((entry.out, reply))
+
+    def _ended(self, batch: list[Pending], exec_start: int, held: _Delivery | None) -> None:
+        end = time.monotonic_ns()
+        total = sum(e.size for e in batch)
+        self._stats.execution(total, exec_start, exec_start, end, end)
+        for entry in batch:
+            if entry.failed:
+                self._stats.failure(entry.start_ns, end)
+            else:
+                self._stats.success(entry.size, entry.start_ns, exec_start, exec_start,
+                                    end, end, end)  # fmt: skip
+            if held is None:
+                entry.out.put(_END)
+            else:
+                held.append((entry.out, _END))
 
 
 def _deliver(delivery: _Delivery) -> None:

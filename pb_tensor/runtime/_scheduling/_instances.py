@@ -12,7 +12,7 @@ from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import acts_for
 
-__all__ = ["Instance", "InstanceSet"]
+__all__ = ["Instance", "InstanceSet", "Lease"]
 
 
 class Instance:
@@ -36,6 +36,9 @@ class InstanceSet:
         self._idle: deque[Instance] = deque(self._all)
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
+        # The threads reading batches that no longer hold their instance (a decoupled
+        # model's execute returned, its responses still come): unloading waits for them.
+        self._background: list[int] = []
         # Threads waiting in hold() or close(), which a release must wake whatever happens;
         # without them a release wakes one waiter in acquire() (any of them can take the
         # idle instance), not every one of them.
@@ -129,15 +132,65 @@ class InstanceSet:
             else:
                 self._cond.notify()
 
+    def detach(self, instance: Instance) -> int:
+        """``instance`` is idle again while its user (the thread that took it) still reads
+        its batch's replies (Triton's instance takes its next batch once ``execute``
+        returned); the token for :meth:`finish`."""
+        with self._cond:
+            owner = instance.owner if instance.owner is not None else threading.get_ident()
+            self._background.append(owner)
+            instance.owner = None
+            self._idle.append(instance)
+            self._cond.notify_all()
+        return owner
+
+    def finish(self, token: int) -> None:
+        """The batch :meth:`detach` gave ``token`` for ended."""
+        with self._cond:
+            self._background.remove(token)
+            self._cond.notify_all()
+
     def close(self) -> list[Instance]:
-        """Refuse further requests, wait until every instance is idle (but those the current
-        thread's own requests use), and give them all, for stopping."""
+        """Refuse further requests, wait until every instance is idle and every batch ended
+        (but those the current thread's own requests use), and give them all, for
+        stopping."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
             while any(
                 i.owner is not None and not acts_for(i.owner) for i in self._all
-            ):
+            ) or any(not acts_for(owner) for owner in self._background):
                 self._watch()
             self._idle.clear()
             return list(self._all)
+
+
+class Lease:
+    """One batch's use of an instance, ended once: :meth:`returned` (from any thread, when a
+    decoupled ``execute`` returned) frees the instance for its next batch while the batch
+    goes on; :meth:`end` releases it, or ends the detached batch."""
+
+    __slots__ = ("_instance", "_instances", "_lock", "_state", "_token")
+
+    def __init__(self, instances: InstanceSet, instance: Instance) -> None:
+        self._instances = instances
+        self._instance = instance
+        self._lock = threading.Lock()
+        self._state = "held"
+        self._token = 0
+
+    def returned(self) -> None:
+        """Free the instance (once, while held)."""
+        with self._lock:
+            if self._state == "held":
+                self._state = "detached"
+                self._token = self._instances.detach(self._instance)
+
+    def end(self) -> None:
+        """The batch ended: release the instance, or say the detached batch ended."""
+        with self._lock:
+            state, self._state = self._state, "ended"
+            if state == "held":
+                self._instances.release(self._instance)
+            elif state == "detached":
+                self._instances.finish(self._token)

@@ -12,7 +12,7 @@ from pb_tensor.runtime._engines import Cancels
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, batch_policy
-from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet, Lease
 from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
 from pb_tensor.runtime._scheduling._sequence_policy import sequence_policy
 from pb_tensor.runtime._scheduling._stats import Statistics
@@ -67,9 +67,10 @@ class Scheduler:
     @staticmethod
     def _run_batch(
         instance: Instance, batch: list[RequestData], timeout: float | None, cancel: Cancels,
-        on_sent: Callable[[], None] | None = None, /,
+        returned: Callable[[], None] | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> Iterable[Reply]:
-        return instance.engine.run(batch, timeout, cancel, on_sent)
+        return instance.engine.run(batch, timeout, cancel, returned, on_sent)
 
     def run(
         self, valid: list[RequestData], where: list[int], timeout: float | None,
@@ -143,15 +144,18 @@ class Scheduler:
             return
         exec_start = time.monotonic_ns()
         failed: set[int] = set()
+        # A decoupled model's execute returned: the instance takes its next batch while this
+        # one's responses still come, as in Triton.
+        lease = Lease(self.instances, got)
         try:
-            for reply in got.engine.run(valid, timeout, cancel):
+            for reply in got.engine.run(valid, timeout, cancel, lease.returned):
                 if reply.error is not None:
                     failed.add(reply.index)
                 reply.index = where[reply.index]
                 yield reply
         finally:
             end = time.monotonic_ns()
-            self.instances.release(got)
+            lease.end()
             self._record(valid, failed, start_ns, exec_start, end)
 
     def _record(self, valid: list[RequestData], failed: set[int], start_ns: int,
