@@ -510,9 +510,8 @@ class Tensor(TensorFields):
     @staticmethod
     def save_many_to_shared_memory(pool: SharedMemoryPool, tensors: Sequence[Tensor]) -> list[int]:
         """:meth:`save_to_shared_memory` of each of ``tensors``, in order: the same handles,
-        records and messages, with one pool lock cycle for all of them where there are at least
-        four and every one is a small host array saved for the first time (otherwise one by
-        one). When a save
+        records and messages, with one pool lock cycle for all of them where every tensor is
+        a small host array saved for the first time (otherwise one by one). When a save
         fails, the messages of the saves before it in this call are given back.
 
         Raises:
@@ -525,7 +524,7 @@ class Tensor(TensorFields):
         pool: SharedMemoryPool, handles: Sequence[int]
     ) -> list[Tensor]:
         """:meth:`load_from_shared_memory` of each of ``handles``, in order, with one pool
-        lock cycle for all of them from four handles on (a message's tensors, loaded together).
+        lock cycle for all of them (a message's tensors, loaded together).
 
         The tensors, references and errors are those of loading the handles one by one: when
         one cannot be loaded, the error is raised, the tensors loaded before it are dropped,

@@ -10,7 +10,7 @@ import contextlib
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -109,18 +109,13 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
             pool._op(pool._release_cell_locked, cell)
 
 
-# Fewer tensors than this are saved or loaded one by one: below it the batch's own
-# bookkeeping costs more than the lock cycles it saves (measured: break-even near 4).
-_BATCH_MIN: Final = 4
-
-
 def save_tensors(tensors: Sequence[Tensor], pool: shm.SharedMemoryPool) -> list[int]:
     """:func:`save_tensor` of each of ``tensors``: the same records, references and handles,
-    with one pool lock cycle for all of them when there are at least four, every one takes
-    the small-transfer path and none was saved before (else one by one). A save that fails
-    gives back the messages of the saves before it in the same call, and raises."""
+    with one pool lock cycle for all of them when every one takes the small-transfer path
+    and none was saved before (else one by one). A save that fails gives back the messages
+    of the saves before it in the same call, and raises."""
     count = len(tensors)
-    if count < _BATCH_MIN or len(set(map(id, tensors))) < count:
+    if count < 2 or not all(map(_small_unsaved, tensors)) or len(set(map(id, tensors))) < count:
         return _save_each(tensors, pool)
     with contextlib.ExitStack() as stack:
         for stripe in sorted({id(t) % _STRIPES for t in tensors}):  # one order: no deadlock
@@ -345,8 +340,6 @@ def load_tensors(
     The same tensors, references and errors as loading them one by one: when a handle
     cannot be loaded, those before it are loaded (and dropped with the error, as a caller's
     loop would drop them), it and those after it are left as they were."""
-    if len(handles) < _BATCH_MIN:
-        return [load_tensor(pool, handle, blank) for handle in handles]
     held: list[tuple[Any, Any]] = []
     error = pool._hold_many(handles, RECORD, parse_record, held)
     tensors = []
