@@ -6,7 +6,7 @@ messages), minus upstream's bugs; the README's "Differences from Triton" table l
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, SupportsIndex
 
 import numpy as np
@@ -507,35 +507,6 @@ class Tensor(TensorFields):
         """
         return _load_tensor(pool, handle, _blank)
 
-    @staticmethod
-    def save_many_to_shared_memory(pool: SharedMemoryPool, tensors: Sequence[Tensor]) -> list[int]:
-        """:meth:`save_to_shared_memory` of each of ``tensors``, in order: the same handles,
-        records and messages, with one pool lock cycle for all of them where every tensor is
-        a small host array saved for the first time (otherwise one by one). When a save
-        fails, the messages of the saves before it in this call are given back.
-
-        Raises:
-            TritonModelException: as :meth:`save_to_shared_memory`.
-        """
-        return _save_tensors(tensors, pool)
-
-    @staticmethod
-    def load_many_from_shared_memory(
-        pool: SharedMemoryPool, handles: Sequence[int]
-    ) -> list[Tensor]:
-        """:meth:`load_from_shared_memory` of each of ``handles``, in order, with one pool
-        lock cycle for all of them (a message's tensors, loaded together).
-
-        The tensors, references and errors are those of loading the handles one by one: when
-        one cannot be loaded, the error is raised, the tensors loaded before it are dropped,
-        and it and the handles after it are left as they were (their messages pending).
-
-        Raises:
-            TritonModelException: as :meth:`load_from_shared_memory`, for the first handle
-                that cannot be loaded.
-        """
-        return _load_tensors(pool, handles, _blank)
-
 
 _new_tensor: Final = object.__new__
 
@@ -587,9 +558,6 @@ def _rebuild_tensor(header: object, payload: object, /) -> Tensor:
 _save_tensor: Callable[[Tensor, SharedMemoryPool], int] = first_use(
     globals(), "_save_tensor", "pb_tensor.shm._tensors", "save_tensor"
 )
-_save_tensors: Callable[[Sequence[Tensor], SharedMemoryPool], list[int]] = first_use(
-    globals(), "_save_tensors", "pb_tensor.shm._tensors", "save_tensors"
-)
 _load_tensor: Callable[
     [
         SharedMemoryPool,
@@ -598,14 +566,6 @@ _load_tensor: Callable[
     ],
     Tensor,
 ] = first_use(globals(), "_load_tensor", "pb_tensor.shm._tensors", "load_tensor")
-_load_tensors: Callable[
-    [
-        SharedMemoryPool,
-        Sequence[int],
-        Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
-    ],
-    list[Tensor],
-] = first_use(globals(), "_load_tensors", "pb_tensor.shm._tensors", "load_tensors")
 _encode: Callable[
     [str, TritonDtype, tuple[int, ...], MemoryType, int, np.ndarray[Any, Any], int],
     tuple[bytes, object],

@@ -59,7 +59,7 @@ class Channel:
                     f"tensor '{t.name()}' is in GPU memory: tensors cross between the runtime "
                     "and its stub processes in host memory only"
                 )
-        handles = tuple(Tensor.save_many_to_shared_memory(self.pool, tensors)) if tensors else ()
+        handles = tuple(t.save_to_shared_memory(self.pool) for t in tensors)
         with self._send_lock:
             self._out_seq += 1
             if tensors:
@@ -89,7 +89,7 @@ class Channel:
         except (OSError, EOFError, ValueError) as exc:
             _reraise_foreign(exc)
             raise ChannelClosed(str(exc) or "end of stream") from None
-        tensors = Tensor.load_many_from_shared_memory(self.pool, handles) if handles else []
+        tensors = [Tensor.load_from_shared_memory(self.pool, h) for h in handles]
         with self._send_lock:
             self._in_seq = seq
             held = self._held

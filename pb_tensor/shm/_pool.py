@@ -21,7 +21,7 @@ import contextlib
 import itertools
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Final, TypeVar
 
 import numpy as np
@@ -399,77 +399,6 @@ class SharedMemoryPool(MappedHeap):
         if self._closed:
             raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
         return self._op(self._hold_locked, handle, want, message, parse, next(_tokens))
-
-    def _allocate_many(
-        self,
-        layouts: Sequence[tuple[int, int, int]],
-        cells: Sequence[list[int]],
-        held: list[tuple[Mapping, Held | None]],
-    ) -> None:
-        """:meth:`_allocate` of records, each ``(nbytes, view offset, view length)`` with two
-        references (one a message, into its cell) in one lock cycle; each ``(mapping,
-        holder)`` is appended to ``held`` as soon as it exists. An allocation that fails
-        raises with the earlier ones in their cells (the caller gives their messages back).
-
-        Raises:
-            TritonModelException: the pool is closed, or it cannot grow enough.
-        """
-        if self._closed:
-            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-        self._op(self._allocate_many_locked, layouts, cells, held)
-
-    def _allocate_many_locked(
-        self,
-        m: Mapping,
-        layouts: Sequence[tuple[int, int, int]],
-        cells: Sequence[list[int]],
-        held: list[tuple[Mapping, Held | None]],
-    ) -> None:
-        allocate = self._allocate_locked
-        append = held.append
-        for (nbytes, offset, length), cell in zip(layouts, cells):
-            # No local keeps a holder: a traceback of a later failure must not keep it alive.
-            append(allocate(m, nbytes, heap.RECORD, 2, 1, cell, (offset, length), next(_tokens)))
-            m = held[-1][0]  # the heap may have grown
-
-    def _hold_many(
-        self,
-        handles: Sequence[int],
-        want: int | None,
-        parse: Callable[[Mapping, int, int], tuple[_P, int, int]],
-        held: list[tuple[_P, Held]],
-    ) -> TritonModelException | None:
-        """:meth:`_hold` with ``message`` of each of ``handles`` in order, in one lock cycle.
-
-        Each ``(result, holder)`` is appended to ``held`` as soon as it exists (the caller's
-        list owns it from then on: a holder that dies unclaimed gives its message back, as
-        after :meth:`_hold`). The first handle that cannot be held stops the walk: its error
-        is returned (not raised), the handles after it are left untouched, and those before it
-        are in ``held``, so the caller can finish them as separate loads would have been.
-
-        Raises:
-            TritonModelException: the pool is closed.
-        """
-        if self._closed:
-            raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-        return self._op(self._hold_many_locked, handles, want, parse, held)
-
-    def _hold_many_locked(
-        self,
-        m: Mapping,
-        handles: Sequence[int],
-        want: int | None,
-        parse: Callable[[Mapping, int, int], tuple[_P, int, int]],
-        held: list[tuple[_P, Held]],
-    ) -> TritonModelException | None:
-        hold = self._hold_locked
-        append = held.append
-        for handle in handles:
-            try:
-                append(hold(m, handle, want, True, parse, next(_tokens)))
-            except TritonModelException as exc:
-                return exc
-        return None
 
     # ----------------------------------------------------------------------------- checking
     def stats(self) -> PoolStats:

@@ -40,7 +40,6 @@ from pb_tensor.shm._record_layout import (
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from pb_tensor.shm._locked import Held
     from pb_tensor.shm._pool import SharedMemoryPool
     from pb_tensor.shm._segment import Mapping
 
@@ -52,8 +51,6 @@ __all__ = [
     "save_and_load_record",
     "save_record",
     "save_small_held",
-    "small_layout",
-    "write_small",
 ]
 
 # Payloads up to this size are copied with one mmap slice assignment (no numpy destination).
@@ -346,48 +343,23 @@ def save_small_held(
     Raises:
         TritonModelException: the pool is closed, or it cannot grow enough.
     """
-    header, poff, nbytes = small_layout(name, src)
-    m, holder = pool._allocate(poff + nbytes, RECORD, 2, 1, cell, (poff, nbytes))
-    # The caller's cell holds the message from here: an exception leaves it to the caller.
-    return write_small(m, holder, cell[0], header, poff, name, dtype, src)
-
-
-def small_layout(name: str, src: npt.NDArray[Any]) -> tuple[struct.Struct, int, int]:
-    """(header struct, payload offset, payload bytes) of :func:`save_small_held`'s record;
-    the allocation is ``offset + bytes`` long, its held view ``(offset, bytes)``."""
-    ndim = len(src.shape)
+    dims = src.shape
+    ndim = len(dims)
     name_len = len(name)  # ASCII: one byte a character
     entry = _small_headers.get((ndim, name_len))
     if entry is None:
         entry = _small_header(ndim, name_len)
-    return entry[0], entry[1], src.nbytes
-
-
-def write_small(
-    m: Mapping,
-    holder: Held | None,
-    handle: int,
-    header: struct.Struct,
-    poff: int,
-    name: str,
-    dtype: int,
-    src: npt.NDArray[Any],
-) -> TensorRecord:
-    """Fill the record allocated for :func:`save_small_held` (as :func:`small_layout`
-    describes it) at ``handle``, whose held payload view is ``holder``; its TensorRecord.
-
-    Raises:
-        TritonModelException: no holder (an internal error).
-    """
+    header, poff = entry
+    nbytes = src.nbytes
+    m, holder = pool._allocate(poff + nbytes, RECORD, 2, 1, cell, (poff, nbytes))
+    # The caller's cell holds the message from here: an exception leaves it to the caller.
+    handle = cell[0]
     if holder is None:  # pragma: no cover - a view was asked for
         raise TritonModelException("internal error: no holder from a held allocation")
-    dims = src.shape
-    ndim = len(dims)
-    nbytes = src.nbytes
     start = handle + PREFIX
     mm = m.mm
     header.pack_into(
-        mm, start, 0, dtype, ndim, *dims, start + _DIMS_AT + 8 * ndim, len(name),
+        mm, start, 0, dtype, ndim, *dims, start + _DIMS_AT + 8 * ndim, name_len,
         name.encode(), 0, False, 0, MEMORY_CPU, 0, nbytes, 0,
     )  # fmt: skip
     at = start + poff

@@ -6,11 +6,10 @@ factory of blank tensors), so this module never imports the Tensor class at run 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,16 +24,14 @@ from pb_tensor.shm._records import (
     record_of,
     save_and_load_record_into,
     save_small_held,
-    small_layout,
-    write_small,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
     from pb_tensor.tensor import Tensor
 
-__all__ = ["load_tensor", "load_tensors", "save_tensor", "save_tensors"]
+__all__ = ["load_tensor", "save_tensor"]
 
 _ndview = np.ndarray.view
 # Serialized (BYTES) or kept through DLPack (BF16): these always take the general path.
@@ -107,78 +104,6 @@ def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
             # Emptied with the release, under the lock; if this is interrupted before, the
             # pool's next sweep gives the message back (the cell is journalled, see _sweep_locked).
             pool._op(pool._release_cell_locked, cell)
-
-
-def save_tensors(tensors: Sequence[Tensor], pool: shm.SharedMemoryPool) -> list[int]:
-    """:func:`save_tensor` of each of ``tensors``: the same records, references and handles,
-    with one pool lock cycle for all of them when every one takes the small-transfer path
-    and none was saved before (else one by one). A save that fails gives back the messages
-    of the saves before it in the same call, and raises."""
-    count = len(tensors)
-    if count < 2 or not all(map(_small_unsaved, tensors)) or len(set(map(id, tensors))) < count:
-        return _save_each(tensors, pool)
-    with contextlib.ExitStack() as stack:
-        for stripe in sorted({id(t) % _STRIPES for t in tensors}):  # one order: no deadlock
-            stack.enter_context(_save_locks[stripe])
-        if all(map(_small_unsaved, tensors)):  # else another thread saved one meanwhile
-            # _small_unsaved vouched for every array: numeric, C-contiguous, small, in memory.
-            arrays = [cast("np.ndarray[Any, Any]", t._array) for t in tensors]
-            cells = [[0] for _ in tensors]
-            held: list[tuple[Any, Any]] = []
-            try:
-                layouts = [small_layout(t._name, a) for t, a in zip(tensors, arrays)]
-                pool._allocate_many([(p + n, p, n) for _, p, n in layouts], cells, held)
-                for t, array, cell, (header, poff, _), (m, holder) in zip(
-                    tensors, arrays, cells, layouts, held
-                ):
-                    record = write_small(m, holder, cell[0], header, poff, t._name,
-                                         int(t._dtype), array)
-                    t._array = _ndview(record.payload, numpy_dtype_of(t._dtype)).reshape(t._dims)
-                    t._dl = None
-                    t._memory_type = MemoryType.CPU
-                    t._memory_id = 0
-                    t._shm = (pool, record.handle, record.payload)
-                held.clear()
-                handles = [cell[0] for cell in cells]
-                for cell in cells:
-                    cell[0] = 0  # handed over: nothing that can raise until the return
-                return handles
-            finally:
-                # Not kept alive by a traceback: the holders of records never handed on.
-                held.clear()
-                holder = None
-                for cell in cells:
-                    if cell[0]:
-                        pool._op(pool._release_cell_locked, cell)
-    return _save_each(tensors, pool)
-
-
-def _save_each(tensors: Sequence[Tensor], pool: shm.SharedMemoryPool) -> list[int]:
-    handles: list[int] = []
-    try:
-        for t in tensors:
-            handles.append(save_tensor(t, pool))
-    except BaseException:
-        for handle in handles:
-            with contextlib.suppress(TritonModelException):
-                pool.release(handle)
-        raise
-    return handles
-
-
-def _small_unsaved(tensor: Tensor) -> bool:
-    """Whether ``tensor`` was never saved and takes :func:`_save_locked`'s small path."""
-    array = tensor._array
-    return (
-        tensor._shm is None
-        and array is not None
-        and array.nbytes <= SMALL_PAYLOAD
-        and tensor._memory_type != MemoryType.GPU
-        and tensor._dtype not in _GENERAL_ONLY
-        and array.shape == tensor._dims
-        and array.flags.c_contiguous
-        and tensor._name.isascii()
-    )
 
 
 def _save_locked(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
@@ -327,52 +252,6 @@ def load_tensor(
     # shm.load_record(pool, handle, take=True), with the numeric CPU tensor built straight from
     # the parsed fields (no TensorRecord on the way): the small-transfer path of a load.
     fields, holder = pool._hold(handle, RECORD, True, parse_record)
-    return _claim(pool, handle, fields, holder, blank)
-
-
-def load_tensors(
-    pool: shm.SharedMemoryPool,
-    handles: Sequence[int],
-    blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
-) -> list[Tensor]:
-    """:func:`load_tensor` of each of ``handles``, their records held in one lock cycle.
-
-    The same tensors, references and errors as loading them one by one: when a handle
-    cannot be loaded, those before it are loaded (and dropped with the error, as a caller's
-    loop would drop them), it and those after it are left as they were."""
-    held: list[tuple[Any, Any]] = []
-    error = pool._hold_many(handles, RECORD, parse_record, held)
-    tensors = []
-    failed: BaseException | None = None
-    for i, (fields, holder) in enumerate(held):
-        if failed is None:
-            try:
-                tensors.append(_claim(pool, handles[i], fields, holder, blank))
-            except BaseException as exc:
-                # As a caller's loop stops at the first failed load: the records after it
-                # get their taken messages back, as if never loaded.
-                failed = exc
-                continue
-        else:
-            with contextlib.suppress(TritonModelException):  # the first error is the one
-                pool._untake(_ndview(holder, np.ndarray))
-    held.clear()
-    fields = holder = None  # a raise below must not keep the last record alive
-    failed = failed or error
-    if failed is not None:
-        tensors.clear()  # dropped now, not kept alive by the traceback's frame
-        raise failed
-    return tensors
-
-
-def _claim(
-    pool: shm.SharedMemoryPool,
-    handle: int,
-    fields: Any,
-    holder: Any,
-    blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
-) -> Tensor:
-    """The tensor of a held record; a failure gives the taken message back."""
     # Until `_claimed` is set, the holder dying gives the taken message back to the record.
     payload = _ndview(holder, np.ndarray)
     try:
