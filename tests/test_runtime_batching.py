@@ -6,6 +6,7 @@ queued, and the statistics that show the batches."""
 from __future__ import annotations
 
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -137,6 +138,41 @@ def test_queue_delay_gathers_requests_from_threads(tmp_path: Path) -> None:
         futures = [model.infer_async(_req(i)) for i in range(3)]
         seen = _check_own([f.result(30) for f in futures], [(1, 2)] * 3)
     assert seen == [(3, 1)] * 3
+
+
+def test_concurrent_callers_get_their_own_replies(tmp_path: Path) -> None:
+    """Sixteen threads calling in a loop on a stub process: batches run back to back (each
+    batch's replies handed over once the next batch left), every caller gets its own
+    outputs, each reply names an execution whose size it reports, and the statistics
+    count every request once."""
+    repo, model = _load(tmp_path, "dynamic_batching { }", isolated=True)
+    seen: dict[int, list[tuple[int, int]]] = {}
+    wrong: list[tuple[int, object]] = []
+
+    def caller(k: int) -> None:
+        for j in range(12):
+            value = k * 100 + j
+            out = model.infer(_req(value))
+            if not np.array_equal(out["OUT"], np.full((1, 2), value, np.int32)):
+                wrong.append((value, out["OUT"]))
+            seen.setdefault(int(out["SEQ"][0, 0]), []).append((value, int(out["BATCH"][0, 0])))
+
+    with repo:
+        threads = [threading.Thread(target=caller, args=(k,)) for k in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        stats = model.statistics()
+    assert not any(t.is_alive() for t in threads)
+    assert wrong == []
+    assert sum(len(v) for v in seen.values()) == 16 * 12
+    assert all(size == len(v) for v in seen.values() for _, size in v)
+    assert stats["execution_count"] == len(seen)
+    assert stats["inference_count"] == 16 * 12
+    assert stats["inference_stats"]["success"]["count"] == 16 * 12
+    assert sum(b["batch_size"] * b["compute_infer"]["count"]
+               for b in stats["batch_stats"]) == 16 * 12  # fmt: skip
 
 
 @pytest.mark.parametrize("ragged", [False, True], ids=["equal_shapes", "ragged"])

@@ -49,10 +49,12 @@ class Engine(Protocol):
     def run(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None,
         returned: Callable[[], None] | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> Iterable[Reply]:
         """The replies of one ``execute`` call on ``batch``. ``returned``: called once a
         decoupled model's ``execute`` returned while replies may still come (the instance
-        may take its next batch then, as in Triton)."""
+        may take its next batch then, as in Triton). ``on_sent``: called once the batch is
+        on its way to the model, before waiting for its replies."""
         ...
 
     def metrics(self) -> dict[str, Any]: ...
@@ -234,6 +236,7 @@ class StubEngine:
     def run(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None,
         returned: Callable[[], None] | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> Iterator[Reply]:
         info = self.info
         if info is None:
@@ -260,6 +263,8 @@ class StubEngine:
         try:
             self._sync_log_level(channel)
             channel.send("execute", (batch_id, body), tensors)
+            if on_sent is not None:
+                on_sent()
             if isinstance(cancel, Cancellation):
                 unsubscribe.append(cancel.subscribe(
                     lambda: _send_cancel(channel, batch_id, len(batch))

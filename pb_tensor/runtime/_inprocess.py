@@ -95,7 +95,11 @@ class InProcessEngine:
     def run(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancels = None,
         returned: Callable[[], None] | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> Iterable[Reply]:
+        """The replies of ``batch`` (``on_sent`` is called before it runs)."""
+        if on_sent is not None:
+            on_sent()
         copy = not self.host.info.share_inputs
         for data in batch:
             data.inputs = as_delivered(data.inputs, copy=copy)

@@ -88,7 +88,8 @@ class LoadedModel:
     def _attach(self, instances: list[Instance]) -> None:
         eager = isinstance(instances[0].engine, InProcessEngine) and not self._decoupled
         self._instances = instances
-        self._scheduler = Scheduler(self._name, self._config, instances, eager)
+        self._scheduler = Scheduler(self._name, self._config, instances, eager,
+                                    self._decoupled)  # fmt: skip
 
     # -- properties ---------------------------------------------------------------------------
     @property

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
@@ -33,14 +33,22 @@ __all__ = [
     "BatchPolicy", "DynamicBatcher", "LevelPolicy", "RunBatch", "batch_policy", "gather_replies",
 ]
 
-RunBatch = Callable[
-    [Instance, list[RequestData], float | None, list[Cancellation | None],
-     Callable[[], None] | None],
-    Iterable[Reply],
-]  # fmt: skip
-"""``run(instance, batch, timeout, cancels, returned)``: the replies of one ``execute``
-call; ``returned`` is called once a decoupled model's ``execute`` returned while replies may
-still come."""
+class RunBatch(Protocol):
+    """``run(instance, batch, timeout, cancels, returned, on_sent)``: the replies of one
+    ``execute`` call; ``returned`` is called once a decoupled model's ``execute`` returned
+    while replies may still come, ``on_sent`` once the batch is on its way to the model
+    (before waiting for its replies)."""
+
+    def __call__(
+        self, instance: Instance, batch: list[RequestData], timeout: float | None,
+        cancels: list[Cancellation | None], returned: Callable[[], None] | None,
+        on_sent: Callable[[], None] | None = None, /,
+    ) -> Iterable[Reply]: ...
+
+
+# What the instance thread hands to the callers: each caller's queue and its reply (None:
+# the end of that request).
+_Delivery = list[tuple[queue.SimpleQueue[Reply | None], Reply | None]]
 
 
 @dataclass(frozen=True)
@@ -167,9 +175,12 @@ class DynamicBatcher:
 
     def __init__(
         self, model_name: str, policy: BatchPolicy, instances: InstanceSet, run: RunBatch,
-        stats: Statistics,
+        stats: Statistics, decoupled: bool = False,
     ) -> None:
         self._name = model_name
+        # A non-decoupled request ends when its batch ends (its caller reads until then):
+        # its replies are handed over together, after the next batch left for the model.
+        self._hold = not decoupled
         self._policy = policy
         self._instances = instances
         self._run = run
@@ -292,8 +303,35 @@ class DynamicBatcher:
     def _work(self, work: queue.SimpleQueue[_Work | None]) -> None:
         while True:
             item = work.get()
-            if item is None or self._execute(*item):
+            if item is None:
                 return
+            instance, batch = item
+            previous: _Delivery = []
+            held: _Delivery = []
+            lease: Lease | None = None
+            try:
+                while batch:
+                    previous, held = held, []
+                    lease = Lease(self._instances, instance)
+                    if self._execute(instance, batch, lease, previous, held):
+                        return  # detached: this thread ends with its batch
+                    # The batch ended with the instance still this thread's: it forms the
+                    # next batch itself when one is ready (no hand-off to the batcher's
+                    # thread and back); one that must wait for the queue delay is left to
+                    # the batcher's thread.
+                    batch = self._ready()
+            finally:
+                _deliver(previous)  # delivered already, unless the engine's run raised early
+                _deliver(held)
+                if lease is not None:
+                    lease.end()  # releases the instance (nothing if the batch detached)
+
+    def _ready(self) -> list[Pending]:
+        """The next batch when one can leave the queue now, else nothing."""
+        with self._cond:
+            if self._closed or not any(self._queues):
+                return []
+            return self._form(wait=False)
 
     def _expire(self, now_ns: int) -> None:
         """Drop cancelled requests and reject timed-out ones (``ApplyPolicyAtCursor``)."""
@@ -312,9 +350,9 @@ class DynamicBatcher:
                     kept.append(entry)
             self._queues[level] = kept
 
-    def _form(self) -> list[Pending]:
+    def _form(self, wait: bool = True) -> list[Pending]:
         """The next batch (``GetDynamicBatch``), waiting for the queue delay as long as it
-        asks; called with the condition held."""
+        asks (``wait=False``: nothing instead of waiting); called with the condition held."""
         policy = self._policy
         while not self._closed:
             now = time.monotonic_ns()
@@ -347,6 +385,8 @@ class DynamicBatcher:
                 count = best_count
             elif not (send_now or pending >= policy.max_preferred or exceeded
                       or policy.delay_ns == 0):
+                if not wait:
+                    return []
                 wait_ns = policy.delay_ns - (now - oldest)
                 deadlines = [e.deadline_ns for e in ordered if e.deadline_ns]
                 if deadlines:
@@ -363,16 +403,21 @@ class DynamicBatcher:
                 self._queues[level] = deque(e for e in lane if id(e) not in taken)
         return batch
 
-    def _execute(self, instance: Instance, batch: list[Pending]) -> bool:
-        """Run ``batch`` on ``instance`` and hand each reply to its caller. Once a decoupled
-        model's ``execute`` returned, the instance takes its next batch (as in Triton), run
-        by a new thread of the instance, while this one reads the rest of this batch's
-        replies; True then (this thread ends with the batch)."""
+    def _execute(
+        self, instance: Instance, batch: list[Pending], lease: Lease, previous: _Delivery,
+        held: _Delivery,
+    ) -> bool:
+        """Run ``batch`` on ``instance`` and hand each reply to its caller: as it comes
+        (decoupled), or into ``held`` for the calling thread to deliver. ``previous`` (the
+        previous batch's replies) goes to its callers once this batch is on its way, so that
+        waking them overlaps with the model's work. Once a decoupled model's ``execute``
+        returned, the instance takes its next batch (as in Triton), run by a new thread of
+        the instance, while this one reads the rest of this batch's replies; True then (this
+        thread ends with the batch, and ``lease`` with it)."""
         instance.owner = threading.get_ident()
         exec_start = time.monotonic_ns()
         timeouts = [e.timeout for e in batch]
         timeout = None if None in timeouts else max(t for t in timeouts if t is not None)
-        lease = Lease(self._instances, instance)
         detached: list[bool] = []
 
         def returned() -> None:
@@ -382,29 +427,43 @@ class DynamicBatcher:
                 detached.append(True)
             lease.returned()
 
+        def flush() -> None:
+            _deliver(previous)
+
+        give = held.append if self._hold else None
         try:
             for reply in self._run(instance, [e.data for e in batch], timeout,
-                                   [e.cancel for e in batch], returned):  # fmt: skip
+                                   [e.cancel for e in batch], returned, flush):  # fmt: skip
                 entry = batch[reply.index]
                 if reply.error is not None:
                     entry.failed = True
                 reply.index = entry.where
-                entry.out.put(reply)
+                if give is None:
+                    entry.out.put(reply)
+                else:
+                    give((entry.out, reply))
         except Exception as exc:  # the engine itself failed: every request fails with it
-            self._failed(batch, exc)
-        self._ended(batch, exec_start, lease)
+            self._failed(batch, exc, held if self._hold else None)
+        flush()
+        self._ended(batch, exec_start, held if self._hold else None)
+        if detached:
+            lease.end()
         return bool(detached)
 
-    def _failed(self, batch: list[Pending], exc: Exception) -> None:
+    def _failed(self, batch: list[Pending], exc: Exception, held: _Delivery | None) -> None:
         error = exc if isinstance(exc, InferenceError) else InferenceError(
             f"Failed to process the request(s) for model '{self._name}', message: {exc}",
             TritonError.INTERNAL,
         )
         for entry in batch:
             entry.failed = True
-            entry.out.put(Reply(entry.where, [], error, "{}", FINAL, False))
+            reply = Reply(entry.where, [], error, "{}", FINAL, False)
+            if held is None:
+                entry.out.put(reply)
+            else:
+                held.append((entry.out, reply))
 
-    def _ended(self, batch: list[Pending], exec_start: int, lease: Lease) -> None:
+    def _ended(self, batch: list[Pending], exec_start: int, held: _Delivery | None) -> None:
         end = time.monotonic_ns()
         total = sum(e.size for e in batch)
         self._stats.execution(total, exec_start, exec_start, end, end)
@@ -414,8 +473,18 @@ class DynamicBatcher:
             else:
                 self._stats.success(entry.size, entry.start_ns, exec_start, exec_start,
                                     end, end, end)  # fmt: skip
-            entry.out.put(_END)
-        lease.end()
+            if held is None:
+                entry.out.put(_END)
+            else:
+                held.append((entry.out, _END))
+
+
+def _deliver(delivery: _Delivery) -> None:
+    """Put each reply on its caller's queue, emptying ``delivery`` (each goes once)."""
+    delivery.reverse()
+    while delivery:
+        out, reply = delivery.pop()
+        out.put(reply)
 
 
 def _unloaded(name: str) -> InferenceError:

@@ -39,6 +39,10 @@ class InstanceSet:
         # The threads reading batches that no longer hold their instance (a decoupled
         # model's execute returned, its responses still come): unloading waits for them.
         self._background: list[int] = []
+        # Threads waiting in hold() or close(), which a release must wake whatever happens;
+        # without them a release wakes one waiter in acquire() (any of them can take the
+        # idle instance), not every one of them.
+        self._watchers = 0
 
     @property
     def instances(self) -> list[Instance]:
@@ -106,15 +110,27 @@ class InstanceSet:
                     self._idle.remove(instance)
                     instance.owner = threading.get_ident()
                     return True
-                self._cond.wait()
+                self._watch()
             return None
+
+    def _watch(self) -> None:
+        """Wait (condition held) for any release, not only the one a waiter in acquire()
+        would take."""
+        self._watchers += 1
+        try:
+            self._cond.wait()
+        finally:
+            self._watchers -= 1
 
     def release(self, instance: Instance) -> None:
         """``instance`` is idle again."""
         with self._cond:
             instance.owner = None
             self._idle.append(instance)
-            self._cond.notify_all()
+            if self._watchers or self._closed:
+                self._cond.notify_all()
+            else:
+                self._cond.notify()
 
     def detach(self, instance: Instance) -> int:
         """``instance`` is idle again while its user (the thread that took it) still reads
@@ -144,7 +160,7 @@ class InstanceSet:
             while any(
                 i.owner is not None and not acts_for(i.owner) for i in self._all
             ) or any(not acts_for(owner) for owner in self._background):
-                self._cond.wait()
+                self._watch()
             self._idle.clear()
             return list(self._all)
 

@@ -38,7 +38,8 @@ class Scheduler:
     statistics."""
 
     def __init__(
-        self, name: str, config: dict[str, Any], instances: list[Instance], eager: bool
+        self, name: str, config: dict[str, Any], instances: list[Instance], eager: bool,
+        decoupled: bool = False,
     ) -> None:
         self.name = name
         self.stats = Statistics()
@@ -49,7 +50,7 @@ class Scheduler:
         self._eager = eager
         policy = batch_policy(config)
         self.batcher = None if policy is None else DynamicBatcher(
-            name, policy, self.instances, self._run_batch, self.stats
+            name, policy, self.instances, self._run_batch, self.stats, decoupled
         )
         sequence = sequence_policy(config)
         self.sequencer = None if sequence is None else SequenceBatcher(
@@ -67,8 +68,9 @@ class Scheduler:
     def _run_batch(
         instance: Instance, batch: list[RequestData], timeout: float | None, cancel: Cancels,
         returned: Callable[[], None] | None = None,
+        on_sent: Callable[[], None] | None = None,
     ) -> Iterable[Reply]:
-        return instance.engine.run(batch, timeout, cancel, returned)
+        return instance.engine.run(batch, timeout, cancel, returned, on_sent)
 
     def run(
         self, valid: list[RequestData], where: list[int], timeout: float | None,
