@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -390,6 +390,7 @@ class ModelHost:
                         built, i)
             for i, data in enumerate(batch)
         ]  # fmt: skip
+        built.count = len(built.requests)
         return built
 
     def _reshaping(self, sink: Sink) -> Sink:
@@ -452,22 +453,37 @@ class ModelHost:
             with self._model_code():
                 returned = instance.execute(requests)
                 if type(returned) is not list and asyncio.iscoroutine(returned):
-                    future = asyncio.run_coroutine_threadsafe(
-                        _await_serving(self._backend, returned), self._event_loop()
-                    )
                     if self.info.decoupled:
                         # As upstream: a decoupled model's coroutine runs on in the background
                         # (its responses come through the senders) and the instance takes its
-                        # next batch; its failure is logged and ends its unfinished requests.
-                        future.add_done_callback(functools.partial(
-                            background_done, batch, len(requests), self._background_error
-                        ))  # fmt: skip
+                        # next batch. It starts in start_background(), once the runtime knows
+                        # the instance is free: a response it sent first would reach a caller
+                        # while the instance still looked busy.
+                        batch.background = returned
                         return None
+                    future = asyncio.run_coroutine_threadsafe(
+                        _await_serving(self._backend, returned), self._event_loop()
+                    )
                     returned = future.result()
             return self._process_returned(batch, returned)
         except (Exception, SystemExit) as exc:
             self._raised_at = _model_frame(exc, self.info.model_path)
             return format_exception(exc)
+
+    def start_background(self, batch: Batch) -> None:
+        """Start the coroutine a decoupled ``async def execute`` of ``batch`` returned (if
+        any) on the model's event loop; its failure is logged and ends its unfinished
+        requests. Call it once the instance is known to be free (the stub: after its "done"
+        message; in-process: after the instance's release)."""
+        coroutine, batch.background = batch.background, None
+        if coroutine is None:
+            return
+        future = asyncio.run_coroutine_threadsafe(
+            _await_serving(self._backend, coroutine), self._event_loop()
+        )
+        future.add_done_callback(functools.partial(
+            background_done, batch, batch.count, self._background_error
+        ))  # fmt: skip
 
     def _background_error(self, exc: BaseException) -> str:
         """The error of the requests a decoupled coroutine that raised left unfinished."""
@@ -557,8 +573,8 @@ class Batch:
     """The requests of one ``execute`` call and where their responses go; the source of
     their senders (made on first use: non-decoupled models rarely ask for one)."""
 
-    __slots__ = ("_is_cancelled", "decoupled", "direct", "done", "requests", "rescheduled",
-                 "senders", "sink")  # fmt: skip
+    __slots__ = ("_is_cancelled", "background", "count", "decoupled", "direct", "done",
+                 "requests", "rescheduled", "senders", "sink")  # fmt: skip
 
     def __init__(self, sink: Sink, is_cancelled: Callable[[int], bool], decoupled: bool) -> None:
         self.sink = sink
@@ -573,6 +589,10 @@ class Batch:
         self.senders: dict[int, InferenceResponseSender] = {}
         # The requests ``execute`` released with the RESCHEDULE flag (set when it returns).
         self.rescheduled: list[int] = []
+        # How many requests it had (``requests`` is emptied once execute returned).
+        self.count = 0
+        # A decoupled ``async def execute``'s coroutine, until start_background() runs it.
+        self.background: Coroutine[Any, Any, object] | None = None
 
     def waiting(self) -> list[int]:
         """The requests whose sender the model took and did not close: a non-decoupled

@@ -191,6 +191,9 @@ class InProcessEngine:
                     # gathering several BLS streams does).
                     returned()
                 events.put(_Returned(error, requests.rescheduled))
+                # A decoupled coroutine starts once its instance is free: a caller reading
+                # its first response finds the instance released.
+                self.host.start_background(requests)
 
         threading.Thread(target=work, name=f"pb-tensor-execute-{info.name}", daemon=True).start()
         try:

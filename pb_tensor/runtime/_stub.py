@@ -428,6 +428,9 @@ class _Stub:
             self.channel.send("done", (f"Failed to process the request(s) for model "
                                        f"'{host.info.instance_name}', message: {exc}", [], [],
                                        [], batch_id))  # fmt: skip
+        # A decoupled coroutine starts once "done" is on its way: the runtime reads that its
+        # instance is free before any response the coroutine sends.
+        host.start_background(requests)
 
     def _forget(self, batch_id: int) -> None:
         with self.batches_lock:
