@@ -17,13 +17,15 @@ from pb_tensor.runtime._ensemble_load import check_ensemble_config, is_ensemble,
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import (
     HostInfo,
+)
+from pb_tensor.runtime._inprocess import InProcessEngine
+from pb_tensor.runtime._model import LoadedModel
+from pb_tensor.runtime._model_import import (
     UserModelError,
     load_model_module,
     model_class,
     run_auto_complete,
 )
-from pb_tensor.runtime._inprocess import InProcessEngine
-from pb_tensor.runtime._model import LoadedModel
 from pb_tensor.runtime._scheduling import Instance
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
 from pb_tensor.runtime._tracker import Cancellation

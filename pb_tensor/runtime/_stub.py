@@ -30,6 +30,8 @@ from pb_tensor.runtime._host import (
     HostInfo,
     ModelHost,
     RequestData,
+)
+from pb_tensor.runtime._model_import import (
     UserModelError,
     load_model_module,
     model_class,
