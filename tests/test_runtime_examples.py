@@ -212,6 +212,43 @@ def test_request_while_iterating_a_stream_is_refused(tmp_path: Path, isolated: b
         assert info.value.code() == TritonError.CANCELLED
 
 
+_RETURNS_SOON = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        sender = requests[0].get_response_sender()
+        sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([0], np.int32))]))
+        time.sleep(0.3)  # returns on its own, whatever the caller does meanwhile
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def test_request_while_an_execute_returns_on_its_own_waits(tmp_path: Path) -> None:
+    """In-process, a decoupled ``execute`` runs on a thread of its own: a request the
+    iterating thread makes while that ``execute`` is still running waits for the instance
+    (its release does not depend on the caller) instead of being refused, as a Triton client
+    would queue. (A coroutine gathering two BLS streams of one instance asks for the second
+    while the first execute is returning: refused at random before.)"""
+    (tmp_path / "soon" / "1").mkdir(parents=True)
+    (tmp_path / "soon" / "1" / "model.py").write_text(_RETURNS_SOON)
+    config = (Path(EXAMPLES) / "decoupled_repeat" / "config.pbtxt").read_text()
+    (tmp_path / "soon" / "config.pbtxt").write_text(
+        config.replace('name: "decoupled_repeat"', 'name: "soon"')
+    )
+    with ModelRepository(tmp_path) as repo:
+        model = repo.load("soon", isolated=False, timeout=60)
+        stream = model.stream({"N": np.array([1], np.int32)})
+        assert next(stream)["OUT"].tolist() == [0]  # execute is still running
+        assert model.infer({"N": np.array([1], np.int32)})["OUT"].tolist() == [0]
+        assert list(stream) == []  # the first request's final flag, without a response
+
+
 def test_decoupled_infer_gives_first_response(load: Loader) -> None:
     model = load("decoupled_repeat")
     assert model.infer({"N": np.array([3], np.int32)})["OUT"].tolist() == [0]

@@ -5,6 +5,7 @@ is refused instead of deadlocking."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 from pb_tensor.runtime._engines import Engine
@@ -13,6 +14,10 @@ from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import acts_for
 
 __all__ = ["Instance", "InstanceSet", "Lease"]
+
+# How long a thread whose own request holds every instance waits for one to come free before
+# it is refused (a wait that would otherwise be a deadlock); see InstanceSet.acquire.
+_SELF_WAIT_GRACE = 1.0
 
 
 class Instance:
@@ -75,9 +80,16 @@ class InstanceSet:
         return InferenceError(text, TritonError.UNAVAILABLE)
 
     def would_self_wait(self) -> InferenceError | None:
-        """:meth:`acquire`'s refusal for the current thread if it asked now, else None."""
+        """:meth:`acquire`'s refusal for the current thread if it asked now (after the same
+        grace period for a release), else None."""
+        grace = time.monotonic() + _SELF_WAIT_GRACE
         with self._cond:
-            return self._self_wait()
+            while True:
+                refusal = self._self_wait()
+                now = time.monotonic()
+                if refusal is None or now >= grace or self._closed:
+                    return refusal
+                self._watch(grace - now)
 
     def acquire(self, owner: int | None = None) -> Instance | None:
         """An idle instance, now used by ``owner`` (default: the current thread); waits for
@@ -86,6 +98,7 @@ class InstanceSet:
         Raises:
             InferenceError: UNAVAILABLE, every instance is used by this thread's requests.
         """
+        grace: float | None = None
         with self._cond:
             while not self._closed:
                 if self._idle:
@@ -93,9 +106,20 @@ class InstanceSet:
                     instance.owner = threading.get_ident() if owner is None else owner
                     return instance
                 refusal = self._self_wait()
-                if refusal is not None:
+                if refusal is None:
+                    self._cond.wait()
+                    continue
+                # An instance this thread's own request holds may still come free without
+                # it: an in-process decoupled execute runs, and returns, on a thread of its
+                # own (a coroutine gathering two BLS streams of one instance asks for the
+                # second while the first execute is returning). Refuse only once no release
+                # came within the grace period.
+                now = time.monotonic()
+                if grace is None:
+                    grace = now + _SELF_WAIT_GRACE
+                if now >= grace:
                     raise refusal
-                self._cond.wait()
+                self._watch(grace - now)
             return None
 
     def hold(self, instance: Instance) -> bool | None:
@@ -113,12 +137,12 @@ class InstanceSet:
                 self._watch()
             return None
 
-    def _watch(self) -> None:
+    def _watch(self, timeout: float | None = None) -> None:
         """Wait (condition held) for any release, not only the one a waiter in acquire()
-        would take."""
+        would take (at most ``timeout`` seconds)."""
         self._watchers += 1
         try:
-            self._cond.wait()
+            self._cond.wait(timeout)
         finally:
             self._watchers -= 1
 
