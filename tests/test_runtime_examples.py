@@ -187,17 +187,22 @@ class TritonPythonModel:
 """
 
 
+def _like_decoupled_repeat(root: Path, name: str, source: str) -> None:
+    """A model ``name`` under ``root``: ``source`` with decoupled_repeat's configuration."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.py").write_text(source)
+    config = (Path(EXAMPLES) / "decoupled_repeat" / "config.pbtxt").read_text()
+    (root / name / "config.pbtxt").write_text(
+        config.replace('name: "decoupled_repeat"', f'name: "{name}"')
+    )
+
+
 @pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
 def test_request_while_iterating_a_stream_is_refused(tmp_path: Path, isolated: bool) -> None:
     """While its ``execute`` runs, the one instance is the iterating thread's: a request of
     that thread is refused. (Once a decoupled ``execute`` returned, the instance is free,
     as in Triton: decoupled_repeat, which answers from a thread, would serve it.)"""
-    (tmp_path / "waits" / "1").mkdir(parents=True)
-    (tmp_path / "waits" / "1" / "model.py").write_text(_UNTIL_CANCELLED)
-    config = (Path(EXAMPLES) / "decoupled_repeat" / "config.pbtxt").read_text()
-    (tmp_path / "waits" / "config.pbtxt").write_text(
-        config.replace('name: "decoupled_repeat"', 'name: "waits"')
-    )
+    _like_decoupled_repeat(tmp_path, "waits", _UNTIL_CANCELLED)
     with ModelRepository(tmp_path) as repo:
         model = repo.load("waits", isolated=isolated, timeout=60)
         stream = model.stream({"N": np.array([1], np.int32)})
@@ -235,12 +240,7 @@ def test_request_while_an_execute_returns_on_its_own_waits(tmp_path: Path) -> No
     (its release does not depend on the caller) instead of being refused, as a Triton client
     would queue. (A coroutine gathering two BLS streams of one instance asks for the second
     while the first execute is returning: refused at random before.)"""
-    (tmp_path / "soon" / "1").mkdir(parents=True)
-    (tmp_path / "soon" / "1" / "model.py").write_text(_RETURNS_SOON)
-    config = (Path(EXAMPLES) / "decoupled_repeat" / "config.pbtxt").read_text()
-    (tmp_path / "soon" / "config.pbtxt").write_text(
-        config.replace('name: "decoupled_repeat"', 'name: "soon"')
-    )
+    _like_decoupled_repeat(tmp_path, "soon", _RETURNS_SOON)
     with ModelRepository(tmp_path) as repo:
         model = repo.load("soon", isolated=False, timeout=60)
         stream = model.stream({"N": np.array([1], np.int32)})
