@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from dlpack_ctypes.exchange import ExchangeAPI
     from pb_tensor._pickling import Decoded
     from pb_tensor.shm import SharedMemoryPool
+    from pb_tensor.shm._held import Held
 
 __all__ = ["Tensor"]
 
@@ -487,7 +488,18 @@ class Tensor(TensorFields):
             TritonModelException: the pool cannot grow enough, or GPU memory without CUDA
                 (or memory CUDA cannot export, such as another process's mapping).
         """
-        return _save_tensor(self, pool)
+        # The handle is handed over in this frame, the caller's: CPython 3.10 runs signal
+        # handlers after every call returns, in the frame it returns to, so a handle returned
+        # through one more frame of the library could be lost there (and the record with it).
+        cell = [0]
+        try:
+            _save_tensor(self, pool, cell)
+        except BaseException:
+            _give_back(pool, cell)
+            raise
+        handle = cell[0]
+        cell[0] = 0  # handed over: nothing from here on calls or branches (no handler runs)
+        return handle
 
     @staticmethod
     def load_from_shared_memory(pool: SharedMemoryPool, handle: int) -> Tensor:
@@ -505,7 +517,16 @@ class Tensor(TensorFields):
             TritonModelException: a bad handle or a corrupted record (naming the field); a GPU
                 record without CUDA, or whose IPC handle cannot be opened.
         """
-        return _load_tensor(pool, handle, _blank)
+        # Claimed in this frame, the caller's (see save_to_shared_memory): until the claim is
+        # set, losing the tensor gives the taken message back instead of dropping it.
+        box: list[Held | None] = [None]
+        try:
+            tensor, claim = _load_tensor(pool, handle, _blank, box)
+        except BaseException:
+            _untake(pool, box)
+            raise
+        claim[0] = True  # nothing from here on calls or branches (no handler runs)
+        return tensor
 
 
 _new_tensor: Final = object.__new__
@@ -555,17 +576,24 @@ def _rebuild_tensor(header: object, payload: object, /) -> Tensor:
 
 
 # Shared memory and pickling load on first use, as the BYTES codec does (see above).
-_save_tensor: Callable[[Tensor, SharedMemoryPool], int] = first_use(
+_save_tensor: Callable[[Tensor, SharedMemoryPool, list[int]], None] = first_use(
     globals(), "_save_tensor", "pb_tensor.shm._tensors", "save_tensor"
+)
+_give_back: Callable[[SharedMemoryPool, list[int]], None] = first_use(
+    globals(), "_give_back", "pb_tensor.shm._tensors", "give_back"
 )
 _load_tensor: Callable[
     [
         SharedMemoryPool,
         int,
         Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
+        list[Held | None],
     ],
-    Tensor,
+    tuple[Tensor, list[bool]],
 ] = first_use(globals(), "_load_tensor", "pb_tensor.shm._tensors", "load_tensor")
+_untake: Callable[[SharedMemoryPool, list[Held | None]], None] = first_use(
+    globals(), "_untake", "pb_tensor.shm._tensors", "untake"
+)
 _encode: Callable[
     [str, TritonDtype, tuple[int, ...], MemoryType, int, np.ndarray[Any, Any], int],
     tuple[bytes, object],

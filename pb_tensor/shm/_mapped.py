@@ -25,9 +25,11 @@ import fcntl
 import importlib
 import multiprocessing.util as mp_util
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, Final, TypeVar
 
 from pb_tensor.errors import TritonModelException
@@ -40,6 +42,7 @@ __all__ = ["MappedHeap"]
 
 _live_pools: weakref.WeakSet[MappedHeap] = weakref.WeakSet()
 _get_ident: Final = threading.get_ident
+_getframe: Final = sys._getframe
 _flock: Final = fcntl.flock
 _LOCK_EX: Final = fcntl.LOCK_EX
 _LOCK_UN: Final = fcntl.LOCK_UN
@@ -219,35 +222,40 @@ class MappedHeap(LockedHeap):
         """Run ``fn(mapping, *args)`` holding the pool lock; its result.
 
         Written so that an asynchronous exception (a signal handler raising, a MemoryError)
-        at any point leaves no lock held: the thread lock is taken by ``with`` (atomic with
-        entering the block), and the ``flock`` is dropped by the first call of ``finally``.
+        at any point leaves no lock held for good and no marker that refuses later work: the
+        thread lock is taken by ``with`` (atomic with entering the block) and the marker is
+        set by the block's first instruction, before any point where a handler runs. Where
+        exceptions cut the cleanup short at every step (CPython 3.10 runs handlers on entry to
+        ``except`` / ``finally`` clauses too), the next operation of this thread finds the
+        marks of the abandoned one and clears them (:meth:`_recover`); any thread's next
+        operation clears a marker or ``flock`` left behind once the thread lock was released.
         Each ``fn`` keeps the same rule for what it hands over (see :meth:`_take`).
 
         Raises:
-            TritonModelException: the pool is closed or truncated, or this thread is already
-                inside an operation on it (a signal handler or finaliser re-entering).
+            TritonModelException: the pool is closed or truncated, or this thread is inside
+                an operation on it (a signal handler or finaliser started this one there).
         """
+        me = _get_ident()
         tlock = self._tlock
+        # Only this thread writes its own id to _holder, and only the owner sees _is_owned():
+        # both tests are exact without the lock. Either means an operation of this thread on
+        # this pool is running further up the stack (refused: its heap changes may be half
+        # done) or was abandoned with its marks in place (cleared). No operation takes the
+        # lock inside another one of its thread, so a thread holds it at most once.
+        if self._holder == me or tlock._is_owned():
+            self._recover(me)
         try:
             with tlock:
-                if self._released:  # closed by another thread while we waited
-                    raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
-                if self._holder:
-                    # Only this thread can be here while _holder is set (the lock is ours): a
-                    # signal handler or finaliser started an operation inside another one, whose
-                    # heap changes may be half done.
-                    raise TritonModelException(
-                        f"Shared memory pool '{self._name}': an operation was started from a "
-                        "signal handler or finaliser while this thread was inside another one"
-                    )
+                self._holder = me  # first: no point since the acquisition where a handler ran
                 try:
-                    self._holder = _get_ident()
+                    if self._released:  # closed by another thread while we waited
+                        raise TritonModelException(f"Shared memory pool '{self._name}' is closed")
                     _flock(self._lock_fd, _LOCK_EX)
                     m = self._map
                     if not self._sealed:
                         self._check_file(m)
-                    # Another thread or process may have grown the heap while we waited: its free
-                    # lists can point past our mapping.
+                    # Another thread or process may have grown the heap while we waited: its
+                    # free lists can point past our mapping.
                     if _u64_at(m.mm, heap.OFF_TOTAL)[0] > m.size:
                         m = self._remap()
                     if self._pending:
@@ -257,16 +265,55 @@ class MappedHeap(LockedHeap):
                         self._drain(m)
                     return result
                 finally:
-                    self._holder = 0
-                    _flock(self._lock_fd, _LOCK_UN)
+                    # A try first: CPython 3.10 runs no signal handler on entry to a handler
+                    # that starts with one (it does on entry to any other).
+                    try:
+                        self._holder = 0
+                    finally:
+                        _flock(self._lock_fd, _LOCK_UN)
         except BaseException:
-            # The with statement's exit may not have run (a MemoryError allocating its
-            # arguments, see _held.OwnedLock): owning the thread lock still means so, unless
-            # this operation is nested in one of this thread's (refused above), which holds it
-            # and has _holder set. Only on this path: the normal one pays nothing.
-            if tlock._is_owned() and self._holder != _get_ident():
+            # The with statement's exit never ran if this thread still holds the lock (a
+            # MemoryError allocating its arguments, see _held.OwnedLock; on 3.10 a handler at
+            # its entry). Only on this path: the normal one pays nothing.
+            if tlock._is_owned():
+                if self._holder == me:  # no call between the test and the store
+                    self._holder = 0
+                if self._lock_fd >= 0:
+                    _flock(self._lock_fd, _LOCK_UN)
                 tlock.release()
             raise
+
+    def _recover(self, me: int) -> None:
+        """Refuse an operation nested in a running one of this thread; else clear the marks
+        of one this thread abandoned (held lock, marker, ``flock``), so that the pool never
+        refuses work for good.
+
+        An operation is running if its frame (or that of :meth:`_release_resources`, the
+        other holder of the lock) is on this thread's stack: frames that an exception left
+        are no longer executing, whatever still refers to them.
+
+        Raises:
+            TritonModelException: an operation of this thread on this pool is running (this
+                one was started by a signal handler or finaliser inside it).
+        """
+        if _running(self, 2):  # above _op's own frame
+            raise TritonModelException(
+                f"Shared memory pool '{self._name}': an operation was started from a "
+                "signal handler or finaliser while this thread was inside another one"
+            )
+        tlock = self._tlock
+        if tlock._is_owned():
+            # Nobody else can be inside an operation: the marker and the flock are this
+            # thread's to drop, and the lock is held for nothing (once: see _op).
+            if self._holder == me:
+                self._holder = 0
+            if self._lock_fd >= 0:
+                _flock(self._lock_fd, _LOCK_UN)
+            tlock.release()
+        elif self._holder == me:  # no call between the test and the store: exact
+            # The lock was given back but the marker was not: another thread holding the
+            # lock would have set its own. A flock left held goes with this operation's.
+            self._holder = 0
 
     def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """:meth:`_op` for public operations: refuses a closed pool first."""
@@ -291,10 +338,11 @@ class MappedHeap(LockedHeap):
         # process may end with os._exit right after, which runs no exit hook.
         if self._released or token not in self._owners:
             return
-        if self._holder == _get_ident():
+        if (self._holder == _get_ident() or self._tlock._is_owned()) and _running(self, 1):
             # Inside an operation of this thread (a GC pass or a signal handler): given back
             # at the end of that operation, before it returns (it drains these). Appending is
-            # one call: nothing can interrupt it half-way.
+            # one call: nothing can interrupt it half-way. Marks an abandoned operation left
+            # are not that: _op clears them and gives the reference back now.
             self._pending.append((token, restore))
             return
         try:
@@ -302,6 +350,23 @@ class MappedHeap(LockedHeap):
         finally:
             if self._closed and not self._owners:
                 self._release_resources()
+
+
+def _running(pool: MappedHeap, depth: int) -> bool:
+    """Whether an operation on ``pool`` (that holds its thread lock) is running in this thread:
+    one of its frames is on the stack, from ``depth`` frames above the caller up. Walked only
+    when this thread's marks are found."""
+    frame: FrameType | None = _getframe(depth + 1)
+    while frame is not None:
+        if frame.f_code in _LOCK_HOLDERS and frame.f_locals.get("self") is pool:
+            return True
+        frame = frame.f_back
+    return False
+
+
+# The frames that hold the pool's thread lock: _op, and _release_resources (which never runs
+# an operation while it holds it).
+_LOCK_HOLDERS: Final = frozenset((MappedHeap._op.__code__, MappedHeap._release_resources.__code__))
 
 
 def _register_mp_exit(pool: MappedHeap) -> None:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pb_tensor.shm._held import Held
     from pb_tensor.tensor import Tensor
 
-__all__ = ["load_tensor", "save_tensor"]
+__all__ = ["give_back", "load_tensor", "save_tensor", "untake"]
 
 _ndview = np.ndarray.view
 # Serialized (BYTES) or kept through DLPack (BF16): these always take the general path.
@@ -78,30 +78,39 @@ def _reinit_locks() -> None:
 os.register_at_fork(after_in_child=_reinit_locks)
 
 
-def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool) -> int:
-    """Copy ``tensor`` into ``pool`` (once) and point the tensor at the pool's copy.
+def save_tensor(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
+    """Copy ``tensor`` into ``pool`` (once) and point the tensor at the pool's copy; the
+    message goes to ``cell[0]``, which the caller (``Tensor.save_to_shared_memory``) hands out.
 
     Each call hands out one message on the record (see :func:`pb_tensor.shm.save_record`):
     the first copies the data; later calls (and saves of a tensor loaded from ``pool``)
-    only add a message to the same record.
+    only add a message to the same record. Anything raised on the way (a signal handler,
+    MemoryError) gives the message back (:func:`give_back`), so a save that raised hands out
+    nothing; the caller hands the handle over in its own frame, so that no frame of the
+    library is left between the hand-over and the caller (CPython 3.10 runs signal handlers
+    after every call returns, in the frame the call returns to).
     """
-    # The message is ours until the handle is returned: `cell` holds it from the moment it
-    # exists, and anything raised on the way (a signal handler, MemoryError) gives it back.
-    cell = [0]
+    # `cell` holds the message from the moment it exists (it is journalled, see
+    # _sweep_locked): if this is cut short before the give-back, the next sweep does it.
     try:
         state = tensor._shm
         if state is not None and state[0] is pool:
             pool._call(pool._add_message_locked, int(state[1]), cell)
         else:
             _save_serialised(tensor, pool, cell)
-        handle = cell[0]
-        cell[0] = 0  # handed over: nothing that can raise until the return
-        return handle
-    finally:
-        if cell[0]:
-            # Emptied with the release, under the lock; if this is interrupted before, the
-            # pool's next sweep gives the message back (the cell is journalled, see _sweep_locked).
-            pool._op(pool._release_cell_locked, cell)
+    except BaseException:
+        give_back(pool, cell)
+        raise
+
+
+def give_back(pool: shm.SharedMemoryPool, cell: list[int]) -> None:
+    """Give back the message ``cell`` holds, if any (a save that will not hand it out).
+
+    Emptied with the release, under the lock; if this is interrupted before, the pool's next
+    sweep gives the message back (the cell is journalled, see ``_sweep_locked``).
+    """
+    if cell[0]:
+        pool._op(pool._release_cell_locked, cell)
 
 
 def _save_serialised(tensor: Tensor, pool: shm.SharedMemoryPool, cell: list[int]) -> None:
@@ -270,16 +279,21 @@ def load_tensor(
     pool: shm.SharedMemoryPool,
     handle: int,
     blank: Callable[[str, TritonDtype, tuple[int, ...], MemoryType, int], Tensor],
-) -> Tensor:
+    box: list[Held | None],
+) -> tuple[Tensor, list[bool]]:
     """A Tensor viewing the record at ``handle``; GPU records open the CUDA IPC handle.
 
-    ``blank(name, dtype, dims, memory_type, memory_type_id)`` makes a tensor with no data yet."""
+    ``blank(name, dtype, dims, memory_type, memory_type_id)`` makes a tensor with no data yet.
+    The holder of the reference goes to ``box[0]`` before anything is taken; returned with
+    its claim, which the caller (``Tensor.load_from_shared_memory``) sets once it holds the
+    tensor in its own frame: until then the load can still fail, and the holder dying (or
+    :func:`untake` with ``box``) gives the taken message back to the record. On an exception
+    this gives it back itself before the exception goes on.
+    """
     # shm.load_record(pool, handle, take=True), with the numeric CPU tensor built straight from
     # the parsed fields (no TensorRecord on the way): the small-transfer path of a load.
     # The try starts before the take: an exception that lands after it (even before _hold
-    # returns) finds the holder in `box` and gives the message back before it goes on. Until
-    # `_claim[0]` is set, the holder dying gives the taken message back to the record too.
-    box: list[Held | None] = [None]
+    # returns) finds the holder in `box` and gives the message back before it goes on.
     try:
         fields, holder = pool._hold(handle, RECORD, True, parse_record, box)
         payload = _ndview(holder, np.ndarray)
@@ -291,8 +305,7 @@ def load_tensor(
             tensor._array = _ndview(payload, element).reshape(dims)
         else:
             tensor = _build(pool, handle, record_of(handle, fields, payload), blank)
-        holder._claim[0] = True
-        return tensor
+        return tensor, holder._claim
     except BaseException:
         # A failed (or interrupted) load leaves the record as it found it: the message it
         # took is pending again, for another load or a release.
