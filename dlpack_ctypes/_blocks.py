@@ -247,12 +247,23 @@ def _locked_sweep(budget: int, held: int = -1) -> None:
         return
     # A with-statement (not a non-blocking acquire whose result could be lost to an asynchronous
     # exception) so the lock is always released; sweeps are short, so waiting is cheap.
-    with _SWEEP_LOCK:
-        _OWNER[0] = me
-        try:
-            _sweep(budget, PENDING, LIVE, _RC_BASE, held)
-        finally:
-            _OWNER[0] = 0
+    try:
+        with _SWEEP_LOCK:
+            _OWNER[0] = me
+            try:
+                _sweep(budget, PENDING, LIVE, _RC_BASE, held)
+            finally:
+                _OWNER[0] = 0
+    except BaseException:
+        # The with statement's exit may not have run: calling the lock's __exit__ (a C method
+        # taking its three arguments as a tuple) allocates that tuple, and a MemoryError there
+        # left the lock held, so the next sweep of any other thread waited for ever. This
+        # thread held no hold of it on entry (a nested sweep returns above, and the fork hook
+        # marks its hold in _OWNER too), so owning it now means exactly that. Only on this
+        # path: the normal one pays nothing.
+        if _is_owned():
+            _release()
+        raise
 
 
 _step = _locked_sweep
@@ -318,12 +329,15 @@ def _at_exit() -> None:
 
 def _before_fork() -> None:
     # A sweep in progress holds entries outside the queue; forking then would lose them in the
-    # child. Sweeps are short and bounded, so waiting for one is cheap.
+    # child. Sweeps are short and bounded, so waiting for one is cheap. Marked as this thread's
+    # sweep: an export from another fork hook skips sweeping rather than nest in this hold.
     _SWEEP_LOCK.acquire()
+    _OWNER[0] = _get_ident()
 
 
 def _after_fork() -> None:
     # In the child the forking thread is the only thread, and it holds the lock: release it.
+    _OWNER[0] = 0
     _SWEEP_LOCK.release()
 
 

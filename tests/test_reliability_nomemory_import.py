@@ -1,4 +1,5 @@
-"""``_testcapi.set_nomemory(k, k + 1)`` around one import of a foreign capsule, k = 1 .. 160.
+"""``_testcapi.set_nomemory(k, k + 1)`` around one import of a foreign capsule, k = 1 .. 160,
+and around one sweep of dropped capsules.
 
 Every failure reaches the caller as ``MemoryError`` (ctypes reports a failed argument
 conversion as ``ctypes.ArgumentError: argument N: MemoryError``; the consumer's claim turns
@@ -63,3 +64,51 @@ def test_memory_error_importing_a_foreign_capsule(run_python: Any) -> None:
     result = run_python(NOMEMORY_IMPORT, timeout=300, dev_mode=False, warnings_as_errors=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout == "ok\n", result.stdout[-3000:]
+
+
+# The sweep holds its lock in a `with` statement. Calling the lock's __exit__ (a C method taking
+# its three arguments as a tuple) allocates that tuple; with the 3-tuple free list drained, a
+# MemoryError there skipped the exit and left the lock held by this thread, and the next sweep
+# of any other thread (an export past SWEEP_LIMIT pending capsules, flush(), live_exports())
+# waited for ever. Each allocation of one flush() fails in turn; then another thread's flush()
+# must return.
+NOMEMORY_SWEEP = r"""
+import threading, _testcapi
+import numpy as np
+import dlpack_ctypes as dl
+from dlpack_ctypes import _blocks
+
+a = np.arange(4, dtype=np.float32)
+dl.flush()
+failed, held = 0, []
+for k in range(80):
+    dropped = [dl.BufferExporter.from_numpy(a).__dlpack__() for _ in range(3)]
+    del dropped  # three capsules for the sweep to release
+    drained = [tuple([i, i, i]) for i in range(3000)]
+    _testcapi.set_nomemory(k, k + 1)
+    try:
+        dl.flush()
+    except MemoryError:
+        failed += 1
+    finally:
+        _testcapi.remove_mem_hooks()
+    del drained
+    if _blocks._is_owned():
+        held.append(k)
+        break
+    dl.flush()  # the same queue, so the same allocations, for every k
+
+worker = threading.Thread(target=dl.flush, daemon=True)
+worker.start()
+worker.join(30)
+print(failed > 3, held, worker.is_alive(), dl.live_exports())
+"""
+
+
+def test_memory_error_in_the_sweeps_lock_exit_leaves_the_lock_free(run_python: Any) -> None:
+    reason = nomemory_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    result = run_python(NOMEMORY_SWEEP, timeout=120, dev_mode=False, warnings_as_errors=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "[]", "False", "0"], result.stdout
