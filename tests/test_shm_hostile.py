@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -375,6 +376,27 @@ def test_an_operation_whose_cleanup_was_cut_short_does_not_wedge_the_pool() -> N
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["cut"] >= 40, report  # every instruction of _op was a starting point
     assert report["problems"] == [], report
+
+
+def test_an_operation_waiting_while_another_thread_closes_reports_the_pool_closed() -> None:
+    # The operation's cleanup must not touch the descriptors the close gave back.
+    pool = SharedMemoryPool.create(1 << 16)
+    out: list[str] = []
+
+    def worker() -> None:
+        try:
+            pool.stats()
+            out.append("ran")
+        except TritonModelException as exc:
+            out.append(str(exc))
+
+    with pool._tlock:  # another thread's operation in progress
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join(0.3)
+        pool.close()
+    thread.join(10)
+    assert out == [f"Shared memory pool '{pool.name}' is closed"]
 
 
 # ------------------------------------------------ item 1: daemon threads at interpreter exit

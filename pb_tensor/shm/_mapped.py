@@ -270,7 +270,8 @@ class MappedHeap(LockedHeap):
                     try:
                         self._holder = 0
                     finally:
-                        _flock(self._lock_fd, _LOCK_UN)
+                        if self._lock_fd >= 0:  # -1: closed by another thread while we waited
+                            _flock(self._lock_fd, _LOCK_UN)
         except BaseException:
             # The with statement's exit never ran if this thread still holds the lock (a
             # MemoryError allocating its arguments, see _held.OwnedLock; on 3.10 a handler at
