@@ -339,11 +339,12 @@ class MappedHeap(LockedHeap):
         # process may end with os._exit right after, which runs no exit hook.
         if self._released or token not in self._owners:
             return
-        if (self._holder == _get_ident() or self._tlock._is_owned()) and _running(self, 1):
+        if self._holder == _get_ident() and _running(self, 1):
             # Inside an operation of this thread (a GC pass or a signal handler): given back
             # at the end of that operation, before it returns (it drains these). Appending is
-            # one call: nothing can interrupt it half-way. Marks an abandoned operation left
-            # are not that: _op clears them and gives the reference back now.
+            # one call: nothing can interrupt it half-way. A marker an abandoned operation left
+            # is not that: _op clears it and gives the reference back now. (The other holder
+            # of the lock, _release_resources, runs only once no owner is left: see above.)
             self._pending.append((token, restore))
             return
         try:
