@@ -13,9 +13,9 @@ Targets (issue 11):
 * an ensemble of two add_sub steps: at most 1.2x calling the two models in sequence from
   Python (issue 19), isolated and in-process.
 
-Usage: ``python benchmarks/bench_runtime.py [--quick]``. Medians of repeated runs; ratios are
-computed within the run from interleaved rounds, so machine speed and load changes cancel
-out.
+Usage: ``python benchmarks/bench_runtime.py [--quick] [--only single|ensemble|scheduling]``
+(``--only`` repeatable). Medians of repeated runs; ratios are computed within the run from
+interleaved rounds, so machine speed and load changes cancel out.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from pb_tensor.runtime import ModelRepository  # noqa: E402
-from pb_tensor.runtime._host import load_model_module  # noqa: E402
+from pb_tensor.runtime._model_import import load_model_module  # noqa: E402
 from pb_tensor.utils import Tensor  # noqa: E402
 from pb_tensor.utils._context import make_request  # noqa: E402
 
@@ -241,6 +241,9 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
         shutil.rmtree(root, ignore_errors=True)
 
 
+_GROUPS = ("single", "ensemble", "scheduling")
+
+
 def _row(name: str, value: str, ratio: str = "", verdict: str = "") -> str:
     return f"{name:<58} {value:>14} {ratio:>10} {verdict:>5}"
 
@@ -248,7 +251,10 @@ def _row(name: str, value: str, ratio: str = "", verdict: str = "") -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short run (fewer repeats)")
+    parser.add_argument("--only", choices=_GROUPS, action="append",
+                        help="run only this group of rows (repeatable; default: all)")
     args = parser.parse_args()
+    only = set(args.only or _GROUPS)
     repeat, min_time = (3, 0.05) if args.quick else (7, 0.2)
     big_repeat = 3 if args.quick else 5
     lines: list[str] = []
@@ -266,6 +272,25 @@ def main() -> int:
             verdict = "PASS" if ok else "MISS"
         lines.append(_row(name, value, ratio_text, verdict))
 
+    if "single" in only:
+        _single_rows(args.quick, repeat, min_time, big_repeat, report, lines, verdicts)
+    if "ensemble" in only:
+        _ensemble_rows(report, lines, repeat, min_time)
+    if "scheduling" in only:
+        _scheduling(args.quick, report, lines)
+
+    sys.stdout.write("\n".join(lines) + "\n")
+    passed = sum(verdicts)
+    sys.stdout.write(f"{passed}/{len(verdicts)} targets met\n")
+    return 0
+
+
+def _single_rows(
+    quick: bool, repeat: int, min_time: float, big_repeat: int, report: Callable[..., None],
+    lines: list[str], verdicts: list[bool],
+) -> None:
+    """One caller at a time: in-process overhead, stub process against a pickling Pipe, and
+    a stream of requests each way."""
     a16 = np.arange(16, dtype=np.float32)
     b16 = np.ones(16, dtype=np.float32)
     with ModelRepository(EXAMPLES) as repo:
@@ -282,7 +307,7 @@ def main() -> int:
         n_infer = _calls_for(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), min_time)
         rounds = []
         # Rounds are short here: more of them keep the median steady on a loaded machine.
-        for _ in range(7 if args.quick else 15):
+        for _ in range(7 if quick else 15):
             d = _per_call_us(lambda: direct.execute(requests), n_direct)
             i = _per_call_us(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), n_infer)
             rounds.append((d, i, i - d))
@@ -296,7 +321,7 @@ def main() -> int:
         verdicts.append(ok)
         lines.append(_row("  overhead (target <= 10 us)", f"{overhead:9.1f} us", "",
                           "PASS" if ok else "MISS"))
-        n_stream = 200 if args.quick else 1000
+        n_stream = 200 if quick else 1000
         start = time.perf_counter()
         for _ in range(n_stream):
             model.infer({"INPUT0": a16, "INPUT1": b16})
@@ -344,14 +369,6 @@ def main() -> int:
         lines.append("stream of add_sub requests, two (16,) float32 inputs")
         report("  in-process", f"{inproc_rps:9.0f} req/s")
         report("  isolated (stub process)", f"{iso_rps:9.0f} req/s")
-    _ensemble_rows(report, lines, repeat, min_time)
-
-    _scheduling(args.quick, report, lines)
-
-    sys.stdout.write("\n".join(lines) + "\n")
-    passed = sum(verdicts)
-    sys.stdout.write(f"{passed}/{len(verdicts)} targets met\n")
-    return 0
 
 
 if __name__ == "__main__":
