@@ -8,8 +8,9 @@ Targets (issue 11):
   pickles the same inputs and outputs; with 64 MiB inputs at most 0.2x of it (zero-copy wins);
 * requests per second for a stream of add_sub requests, isolated and in-process (reported);
 * scheduling (issue 19): add_sub with ``dynamic_batching`` and 16 concurrent callers, stub
-  process, at least 4x the throughput of the same model without it (mean batch size
-  printed); two instances of a model that sleeps 10 ms at least 1.8x the throughput of one.
+  process, at least 4x the throughput of the same model without it (mean batch size, and
+  the CPU time per request of the runtime's process and of the stub, printed); two
+  instances of a model that sleeps 10 ms at least 1.8x the throughput of one.
 * an ensemble of two add_sub steps: at most 1.2x calling the two models in sequence from
   Python (issue 19), isolated and in-process.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -198,6 +200,20 @@ def _concurrent_rps(call: Callable[[], object], callers: int, per_caller: int) -
     return callers * per_caller / (time.perf_counter() - start)
 
 
+def _cpu_us(pid: int | None) -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by this process and by the stub ``pid``
+    (Linux's /proc; nan elsewhere), in microseconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    stub = float("nan")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        stub = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") * 1e6
+    except (OSError, ValueError, IndexError):
+        pass
+    return (usage.ru_utime + usage.ru_stime) * 1e6, stub
+
+
 def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> None:
     root = tempfile.mkdtemp(prefix="pb-tensor-bench-")
     try:
@@ -212,12 +228,20 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
             out = batched.infer({"INPUT0": a, "INPUT1": b})
             np.testing.assert_array_equal(out["OUTPUT0"], a + b)
             pairs = []
+            cpu: list[tuple[float, float, float, float]] = []  # host, stub: plain, batched
             for _ in range(rounds):
+                before = _cpu_us(plain.pid)
                 p = _concurrent_rps(lambda: plain.infer({"INPUT0": a, "INPUT1": b}), 16,
                                     per_caller)
+                middle = _cpu_us(plain.pid)
+                between = _cpu_us(batched.pid)
                 q = _concurrent_rps(lambda: batched.infer({"INPUT0": a, "INPUT1": b}), 16,
                                     per_caller)
+                after = _cpu_us(batched.pid)
                 pairs.append((p, q))
+                n = 16 * per_caller
+                cpu.append(((middle[0] - before[0]) / n, (middle[1] - before[1]) / n,
+                            (after[0] - between[0]) / n, (after[1] - between[1]) / n))
             stats = batched.statistics()
             mean_batch = stats["inference_count"] / max(1, stats["execution_count"])
             lines.append("add_sub (16,) float32 x 16 concurrent callers, stub process")
@@ -226,6 +250,9 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
             report(f"  dynamic_batching (mean batch {mean_batch:.1f}) (target >= 4x)",
                    f"{statistics.median(q for _, q in pairs):9.0f} req/s",
                    statistics.median(q / p for p, q in pairs), 4.0, higher_is_worse=False)
+            per = [statistics.median(c[i] for c in cpu) for i in range(4)]
+            report("  CPU per request, runtime + stub: without / with batching",
+                   f"{per[0]:.0f}+{per[1]:.0f} / {per[2]:.0f}+{per[3]:.0f} us")
             one = repo.load("sleep_one", isolated=True)
             two = repo.load("sleep_two", isolated=True)
             x = {"IN": np.ones(1, np.float32)}

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from pb_tensor import MemoryType, Tensor, TritonDtype
+from pb_tensor.dtypes import numpy_dtype_of
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import SharedMemoryPool
 
@@ -45,11 +46,16 @@ receiver's tensors keep their whole pack alive."""
 _ALIGN = 64
 _PADS = [bytes(n) for n in range(_ALIGN)]
 _CPU = MemoryType.CPU
-# Kept in records: serialized (BYTES) or kept through DLPack (BF16).
-_UNPACKED = frozenset((TritonDtype.TYPE_BYTES, TritonDtype.TYPE_BF16))
+_ndarray = np.ndarray  # a view of the pack at a tensor's offset: it keeps the pack alive
+# The numpy element type of each dtype that travels in packs (by its TritonDtype value);
+# BYTES (serialized) and BF16 (kept through DLPack) keep their records.
+_PACKED: dict[int, np.dtype[Any]] = {
+    int(t): np.dtype(numpy_dtype_of(t)) for t in TritonDtype
+    if t not in (TritonDtype.TYPE_BYTES, TritonDtype.TYPE_BF16, TritonDtype.TYPE_INVALID)
+}  # fmt: skip
 # A tensor's place in its message: a record's handle, or (name, dtype, shape, offset) in
-# the pack (the record at the message's pack handle).
-_Place = int | tuple[str, str, tuple[int, ...], int]
+# the pack (the record at the message's pack handle; dtype: the TritonDtype value).
+_Place = int | tuple[str, int, tuple[int, ...], int]
 
 Message = tuple[str, list[Tensor], Any]
 """A received message: kind, the tensors it carried (loaded), and its body."""
@@ -109,10 +115,12 @@ class Channel:
         total = 0
         for t in tensors:
             nbytes = t.byte_size
+            dtype = t.dtype
             if (nbytes <= PACK_TENSOR_MAX and total + nbytes <= PACK_MAX
-                    and t.memory_type is _CPU and t.dtype not in _UNPACKED):
+                    and t.memory_type is _CPU and dtype in _PACKED):
                 array = t.as_numpy()
-                places.append((t.name(), array.dtype.str, array.shape, total))
+                places.append((t.name(), int(dtype), array.shape, total))
+                # tobytes: C order, in the array's byte order (a tensor's is the native one)
                 chunks.append(array.tobytes())
                 pad = -nbytes % _ALIGN
                 if pad:
@@ -157,7 +165,7 @@ class Channel:
             buffer = Tensor.load_from_shared_memory(pool, pack).as_numpy()
             tensors = [
                 Tensor.load_from_shared_memory(pool, p) if isinstance(p, int) else
-                _unpacked(buffer, *p) for p in places
+                Tensor(p[0], _ndarray(p[2], _PACKED[p[1]], buffer, p[3])) for p in places
             ]  # fmt: skip
         else:
             tensors = [Tensor.load_from_shared_memory(pool, p) for p in places]
@@ -176,13 +184,6 @@ class Channel:
     def close(self) -> None:
         """Close the socket (the peer sees end of stream)."""
         self.conn.close()
-
-
-def _unpacked(
-    buffer: np.ndarray[Any, Any], name: str, dtype: str, shape: tuple[int, ...], offset: int
-) -> Tensor:
-    """The tensor at ``offset`` of a message's pack (a view: it keeps the pack alive)."""
-    return Tensor(name, np.ndarray(shape, dtype, buffer, offset))
 
 
 def _reraise_foreign(exc: BaseException) -> None:
