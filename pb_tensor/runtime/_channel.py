@@ -34,7 +34,7 @@ import numpy as np
 from pb_tensor import MemoryType, Tensor, TritonDtype
 from pb_tensor.dtypes import numpy_dtype_of
 from pb_tensor.errors import TritonModelException
-from pb_tensor.shm import SharedMemoryPool
+from pb_tensor.shm import SharedMemoryPool, save_record
 
 __all__ = ["PACK_MAX", "PACK_TENSOR_MAX", "Channel", "ChannelClosed", "Message"]
 
@@ -46,6 +46,7 @@ receiver's tensors keep their whole pack alive."""
 _ALIGN = 64
 _PADS = [bytes(n) for n in range(_ALIGN)]
 _CPU = MemoryType.CPU
+_UINT8 = int(TritonDtype.TYPE_UINT8)
 _ndarray = np.ndarray  # a view of the pack at a tensor's offset: it keeps the pack alive
 # The numpy element type of each dtype that travels in packs (by its TritonDtype value);
 # BYTES (serialized) and BF16 (kept through DLPack) keep their records.
@@ -132,9 +133,10 @@ class Channel:
         if len(keep) > len(tensors) - 2:  # a pack of one saves nothing: a record each
             keep = list(tensors)
             return [t.save_to_shared_memory(pool) for t in tensors], keep, 0
-        packed = Tensor("pack", np.frombuffer(b"".join(chunks), np.uint8))
-        pack = packed.save_to_shared_memory(pool)
-        keep.append(packed)
+        # The pack's record carries one message, which keeps it alive until the receiver's
+        # load takes it over: the sender holds nothing for it.
+        pack = save_record(pool, name="pack", dtype=_UINT8, dims=(total,), memory_type=0,
+                           memory_type_id=0, payload=b"".join(chunks), byte_size=total)
         records = iter(keep)
         for i, place in enumerate(places):
             if place == -1:
