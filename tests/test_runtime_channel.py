@@ -108,3 +108,15 @@ def test_a_pack_holds_at_most_pack_max_bytes(
     _, tensors, _ = receiver.recv()
     for t, a in zip(tensors, arrays):
         np.testing.assert_array_equal(t.as_numpy(), a)
+
+
+def test_a_pack_of_empty_tensors(pair: tuple[Channel, Channel, SharedMemoryPool]) -> None:
+    sender, receiver, pool = pair
+    sender.send("x", None, [Tensor("a", np.zeros((0, 4), np.float32)),
+                            Tensor("b", np.zeros(0, np.int8))])  # fmt: skip
+    _, tensors, _ = receiver.recv()
+    assert [(t.name(), t.as_numpy().shape, t.as_numpy().dtype) for t in tensors] == [
+        ("a", (0, 4), np.float32), ("b", (0,), np.int8)
+    ]
+    del tensors
+    assert pool.stats().allocations == 0

@@ -18,7 +18,8 @@ so that large data is never copied on the way.
 Record lifetime: the sender keeps the saving tensors alive until the receiver has loaded them.
 Every message carries the sequence number of the last message its sender received (and so
 loaded); the peer drops what it held for messages up to that number. This is correct whether
-a loaded record takes over the saver's reference or holds one of its own.
+a loaded record takes over the saver's reference or holds one of its own. A pack needs no
+holding: the pending message of its record keeps it until the receiver's load takes it over.
 """
 
 from __future__ import annotations
