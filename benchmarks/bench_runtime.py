@@ -8,14 +8,15 @@ Targets (issue 11):
   pickles the same inputs and outputs; with 64 MiB inputs at most 0.2x of it (zero-copy wins);
 * requests per second for a stream of add_sub requests, isolated and in-process (reported);
 * scheduling (issue 19): add_sub with ``dynamic_batching`` and 16 concurrent callers, stub
-  process, at least 4x the throughput of the same model without it (mean batch size
-  printed); two instances of a model that sleeps 10 ms at least 1.8x the throughput of one.
+  process, at least 4x the throughput of the same model without it (mean batch size, and
+  the CPU time per request of the runtime's process and of the stub, printed); two
+  instances of a model that sleeps 10 ms at least 1.8x the throughput of one.
 * an ensemble of two add_sub steps: at most 1.2x calling the two models in sequence from
   Python (issue 19), isolated and in-process.
 
-Usage: ``python benchmarks/bench_runtime.py [--quick]``. Medians of repeated runs; ratios are
-computed within the run from interleaved rounds, so machine speed and load changes cancel
-out.
+Usage: ``python benchmarks/bench_runtime.py [--quick] [--only single|ensemble|scheduling]``
+(``--only`` repeatable). Medians of repeated runs; ratios are computed within the run from
+interleaved rounds, so machine speed and load changes cancel out.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -40,7 +42,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from pb_tensor.runtime import ModelRepository  # noqa: E402
-from pb_tensor.runtime._host import load_model_module  # noqa: E402
+from pb_tensor.runtime._model_import import load_model_module  # noqa: E402
 from pb_tensor.utils import Tensor  # noqa: E402
 from pb_tensor.utils._context import make_request  # noqa: E402
 
@@ -198,6 +200,20 @@ def _concurrent_rps(call: Callable[[], object], callers: int, per_caller: int) -
     return callers * per_caller / (time.perf_counter() - start)
 
 
+def _cpu_us(pid: int | None) -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by this process and by the stub ``pid``
+    (Linux's /proc; nan elsewhere), in microseconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    stub = float("nan")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        stub = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") * 1e6
+    except (OSError, ValueError, IndexError):
+        pass
+    return (usage.ru_utime + usage.ru_stime) * 1e6, stub
+
+
 def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> None:
     root = tempfile.mkdtemp(prefix="pb-tensor-bench-")
     try:
@@ -212,12 +228,20 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
             out = batched.infer({"INPUT0": a, "INPUT1": b})
             np.testing.assert_array_equal(out["OUTPUT0"], a + b)
             pairs = []
+            cpu: list[tuple[float, float, float, float]] = []  # host, stub: plain, batched
             for _ in range(rounds):
+                before = _cpu_us(plain.pid)
                 p = _concurrent_rps(lambda: plain.infer({"INPUT0": a, "INPUT1": b}), 16,
                                     per_caller)
+                middle = _cpu_us(plain.pid)
+                between = _cpu_us(batched.pid)
                 q = _concurrent_rps(lambda: batched.infer({"INPUT0": a, "INPUT1": b}), 16,
                                     per_caller)
+                after = _cpu_us(batched.pid)
                 pairs.append((p, q))
+                n = 16 * per_caller
+                cpu.append(((middle[0] - before[0]) / n, (middle[1] - before[1]) / n,
+                            (after[0] - between[0]) / n, (after[1] - between[1]) / n))
             stats = batched.statistics()
             mean_batch = stats["inference_count"] / max(1, stats["execution_count"])
             lines.append("add_sub (16,) float32 x 16 concurrent callers, stub process")
@@ -226,6 +250,9 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
             report(f"  dynamic_batching (mean batch {mean_batch:.1f}) (target >= 4x)",
                    f"{statistics.median(q for _, q in pairs):9.0f} req/s",
                    statistics.median(q / p for p, q in pairs), 4.0, higher_is_worse=False)
+            per = [statistics.median(c[i] for c in cpu) for i in range(4)]
+            report("  CPU per request, runtime + stub: without / with batching",
+                   f"{per[0]:.0f}+{per[1]:.0f} / {per[2]:.0f}+{per[3]:.0f} us")
             one = repo.load("sleep_one", isolated=True)
             two = repo.load("sleep_two", isolated=True)
             x = {"IN": np.ones(1, np.float32)}
@@ -241,6 +268,9 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
         shutil.rmtree(root, ignore_errors=True)
 
 
+_GROUPS = ("single", "ensemble", "scheduling")
+
+
 def _row(name: str, value: str, ratio: str = "", verdict: str = "") -> str:
     return f"{name:<58} {value:>14} {ratio:>10} {verdict:>5}"
 
@@ -248,7 +278,10 @@ def _row(name: str, value: str, ratio: str = "", verdict: str = "") -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short run (fewer repeats)")
+    parser.add_argument("--only", choices=_GROUPS, action="append",
+                        help="run only this group of rows (repeatable; default: all)")
     args = parser.parse_args()
+    only = set(args.only or _GROUPS)
     repeat, min_time = (3, 0.05) if args.quick else (7, 0.2)
     big_repeat = 3 if args.quick else 5
     lines: list[str] = []
@@ -266,6 +299,25 @@ def main() -> int:
             verdict = "PASS" if ok else "MISS"
         lines.append(_row(name, value, ratio_text, verdict))
 
+    if "single" in only:
+        _single_rows(args.quick, repeat, min_time, big_repeat, report, lines, verdicts)
+    if "ensemble" in only:
+        _ensemble_rows(report, lines, repeat, min_time)
+    if "scheduling" in only:
+        _scheduling(args.quick, report, lines)
+
+    sys.stdout.write("\n".join(lines) + "\n")
+    passed = sum(verdicts)
+    sys.stdout.write(f"{passed}/{len(verdicts)} targets met\n")
+    return 0
+
+
+def _single_rows(
+    quick: bool, repeat: int, min_time: float, big_repeat: int, report: Callable[..., None],
+    lines: list[str], verdicts: list[bool],
+) -> None:
+    """One caller at a time: in-process overhead, stub process against a pickling Pipe, and
+    a stream of requests each way."""
     a16 = np.arange(16, dtype=np.float32)
     b16 = np.ones(16, dtype=np.float32)
     with ModelRepository(EXAMPLES) as repo:
@@ -282,7 +334,7 @@ def main() -> int:
         n_infer = _calls_for(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), min_time)
         rounds = []
         # Rounds are short here: more of them keep the median steady on a loaded machine.
-        for _ in range(7 if args.quick else 15):
+        for _ in range(7 if quick else 15):
             d = _per_call_us(lambda: direct.execute(requests), n_direct)
             i = _per_call_us(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), n_infer)
             rounds.append((d, i, i - d))
@@ -296,7 +348,7 @@ def main() -> int:
         verdicts.append(ok)
         lines.append(_row("  overhead (target <= 10 us)", f"{overhead:9.1f} us", "",
                           "PASS" if ok else "MISS"))
-        n_stream = 200 if args.quick else 1000
+        n_stream = 200 if quick else 1000
         start = time.perf_counter()
         for _ in range(n_stream):
             model.infer({"INPUT0": a16, "INPUT1": b16})
@@ -344,14 +396,6 @@ def main() -> int:
         lines.append("stream of add_sub requests, two (16,) float32 inputs")
         report("  in-process", f"{inproc_rps:9.0f} req/s")
         report("  isolated (stub process)", f"{iso_rps:9.0f} req/s")
-    _ensemble_rows(report, lines, repeat, min_time)
-
-    _scheduling(args.quick, report, lines)
-
-    sys.stdout.write("\n".join(lines) + "\n")
-    passed = sum(verdicts)
-    sys.stdout.write(f"{passed}/{len(verdicts)} targets met\n")
-    return 0
 
 
 if __name__ == "__main__":
