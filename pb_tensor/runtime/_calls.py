@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
+import os
+import queue
 import threading
 from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
@@ -70,9 +73,73 @@ class InferFuture(concurrent.futures.Future[Outputs]):
         return True
 
 
+class _Workers:
+    """Long-lived daemon threads that run :func:`start`'s calls, one call per thread at a
+    time, as many threads as calls in flight (a call waiting for an idle instance or for
+    another call's outcome never waits for a free thread: no deadlock a thread per call
+    would not have). A call takes an idle thread if there is one, else starts one; a thread
+    idle for ``idle_s`` seconds ends. (Measured on add_sub in a stub process: a thread
+    started per call cost 650-785 us of host CPU per request against 350 for ``infer``;
+    handing the call to an idle worker, 260-460 against 210-350.)"""
+
+    def __init__(self, idle_s: float) -> None:
+        self._idle_s = idle_s
+        self._reset()
+        # A forked child has none of the parent's threads: it starts with no idle ones.
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        # Each idle thread's hand-over queue; the last one to become idle is taken first
+        # (its stack is warm, and the others expire when load drops).
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+
+    def submit(self, call: Callable[[], None], name: str) -> None:
+        """Run ``call`` in an idle worker thread (named ``name`` while it runs), or a new
+        one. ``call`` must not raise (its outcome goes to a future)."""
+        with self._lock:
+            handover = self._idle.pop() if self._idle else None
+        if handover is not None:
+            handover.put(functools.partial(_named, name, call))
+            return
+        handover = queue.SimpleQueue()
+        # Through the queue, not the thread's arguments, which the thread keeps until it ends.
+        handover.put(call)
+        threading.Thread(target=self._work, args=(handover,), name=name, daemon=True).start()
+
+    def _work(self, handover: queue.SimpleQueue[Callable[[], None]]) -> None:
+        call: Callable[[], None] | None = handover.get()
+        while True:
+            if call is not None:
+                call()
+                # Now, not at the next call: the call holds the request's tensors (and
+                # pool allocations) and its future.
+                call = None
+            with self._lock:
+                self._idle.append(handover)
+            try:
+                call = handover.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if handover in self._idle:
+                        self._idle.remove(handover)
+                        return
+                # submit() took this thread as the wait ended: its call is on the way.
+                call = handover.get()
+
+
+def _named(name: str, call: Callable[[], None]) -> None:
+    threading.current_thread().name = name
+    call()
+
+
+_WORKERS = _Workers(idle_s=30.0)
+
+
 def start(future: InferFuture, call: Callable[[], Outputs], name: str) -> None:
-    """Run ``call`` in a daemon thread named ``name``; its outcome completes ``future``
-    (unless :meth:`InferFuture.cancel` completed it first)."""
+    """Run ``call`` in a worker thread (a daemon thread named ``name`` while it runs, taken
+    from idle ones or started); its outcome completes ``future`` (unless
+    :meth:`InferFuture.cancel` completed it first)."""
 
     def work() -> None:
         try:
@@ -84,7 +151,7 @@ def start(future: InferFuture, call: Callable[[], Outputs], name: str) -> None:
             with contextlib.suppress(concurrent.futures.InvalidStateError):
                 future.set_result(outputs)
 
-    threading.Thread(target=work, name=name, daemon=True).start()
+    _WORKERS.submit(work, name)
 
 
 def stream_outputs(replies: Iterator[Reply], decoupled: bool) -> Generator[Outputs, None, None]:
