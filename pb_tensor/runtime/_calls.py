@@ -10,6 +10,7 @@ import functools
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
 
@@ -85,8 +86,10 @@ class _Workers:
     def __init__(self, idle_s: float) -> None:
         self._idle_s = idle_s
         self._reset()
-        # A forked child has none of the parent's threads: it starts with no idle ones.
-        os.register_at_fork(after_in_child=self._reset)
+        # A forked child has none of the parent's threads: it starts with no idle ones. (A
+        # weak reference: the registration lasts for the process, a pool need not.)
+        os.register_at_fork(after_in_child=functools.partial(_reset_in_child,
+                                                             weakref.ref(self)))
 
     def _reset(self) -> None:
         self._lock = threading.Lock()
@@ -126,6 +129,12 @@ class _Workers:
                         return
                 # submit() took this thread as the wait ended: its call is on the way.
                 call = handover.get()
+
+
+def _reset_in_child(workers: weakref.ref[_Workers]) -> None:
+    pool = workers()
+    if pool is not None:
+        pool._reset()
 
 
 def _named(name: str, call: Callable[[], None]) -> None:
