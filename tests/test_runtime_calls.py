@@ -56,6 +56,48 @@ def test_consecutive_requests_run_in_one_worker_thread(repository: ModelReposito
     assert ids[0] != threading.get_native_id()
 
 
+def _nothing() -> None:
+    return None
+
+
+def _job(fn: Callable[[], object]) -> Callable[[], Callable[[], None]]:
+    """A worker's call that runs ``fn`` and has no outcome to give away."""
+
+    def call() -> Callable[[], None]:
+        fn()
+        return _nothing
+
+    return call
+
+
+def test_a_call_made_once_an_outcome_is_out_finds_the_idle_worker() -> None:
+    """A worker is idle before it gives its call's outcome away: the caller's next call,
+    made while the outcome is still being given, goes to the same thread. Fails (a second
+    thread starts) if the worker registers as idle after the outcome is out."""
+    workers = _Workers(idle_s=60.0)
+    out, submitted, second_ran = threading.Event(), threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+
+    def give_outcome() -> None:
+        out.set()
+        assert submitted.wait(60)
+
+    def first() -> Callable[[], None]:
+        threads.append(threading.current_thread())
+        return give_outcome
+
+    def second() -> None:
+        threads.append(threading.current_thread())
+        second_ran.set()
+
+    workers.submit(first, "first")
+    assert out.wait(60)
+    workers.submit(_job(second), "second")
+    submitted.set()
+    assert second_ran.wait(60)
+    assert threads[0] is threads[1]
+
+
 def test_calls_in_flight_each_get_a_thread() -> None:
     """A call that waits for a later call's outcome does not wait for a free thread: every
     call in flight has a thread of its own (no pool bound to deadlock on)."""
@@ -65,7 +107,7 @@ def test_calls_in_flight_each_get_a_thread() -> None:
     finished = threading.Barrier(count + 1, timeout=60)
     names: list[str] = []
 
-    def waiter(i: int) -> Callable[[], None]:
+    def waiter(i: int) -> Callable[[], Callable[[], None]]:
         def call() -> None:
             names.append(threading.current_thread().name)
             if i + 1 < count:
@@ -73,7 +115,7 @@ def test_calls_in_flight_each_get_a_thread() -> None:
             released[i].set()
             finished.wait()
 
-        return call
+        return _job(call)
 
     for i in range(count):
         workers.submit(waiter(i), f"call-{i}")
@@ -91,12 +133,12 @@ def test_an_idle_worker_ends_and_a_new_one_starts() -> None:
         threads.append(threading.current_thread())
         ran.set()
 
-    workers.submit(call, "first")
+    workers.submit(_job(call), "first")
     assert ran.wait(60)
     threads[0].join(60)
     assert not threads[0].is_alive()
     ran.clear()
-    workers.submit(call, "second")  # no idle worker left: a new thread
+    workers.submit(_job(call), "second")  # no idle worker left: a new thread
     assert ran.wait(60)
     assert threads[1] is not threads[0]
     assert threads[1].name == "second"
@@ -110,8 +152,8 @@ def test_a_worker_keeps_nothing_of_a_finished_call() -> None:
     freed = threading.Event()
 
     class Call:
-        def __call__(self) -> None:
-            pass
+        def __call__(self) -> Callable[[], None]:
+            return _nothing
 
     call = Call()
     weakref.finalize(call, freed.set)
@@ -131,12 +173,12 @@ def test_a_forked_child_starts_with_no_idle_worker(
         "from pb_tensor.runtime._calls import _Workers\n"
         "workers = _Workers(idle_s=60.0)\n"
         "ran = threading.Event()\n"
-        "workers.submit(ran.set, 'parent')\n"
+        "workers.submit(lambda: (ran.set(), lambda: None)[1], 'parent')\n"
         "assert ran.wait(60)\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
         "    done = threading.Event()\n"
-        "    workers.submit(done.set, 'child')\n"
+        "    workers.submit(lambda: (done.set(), lambda: None)[1], 'child')\n"
         "    os._exit(0 if done.wait(30) else 1)\n"
         "_, status = os.waitpid(pid, 0)\n"
         "raise SystemExit(os.waitstatus_to_exitcode(status))\n"

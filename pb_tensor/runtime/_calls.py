@@ -74,6 +74,10 @@ class InferFuture(concurrent.futures.Future[Outputs]):
         return True
 
 
+_Call = Callable[[], Callable[[], None]]
+"""A worker's call: it does the work and returns what gives the outcome away."""
+
+
 class _Workers:
     """Long-lived daemon threads that run :func:`start`'s calls, one call per thread at a
     time, as many threads as calls in flight (a call waiting for an idle instance or for
@@ -95,11 +99,12 @@ class _Workers:
         self._lock = threading.Lock()
         # Each idle thread's hand-over queue; the last one to become idle is taken first
         # (its stack is warm, and the others expire when load drops).
-        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._idle: list[queue.SimpleQueue[_Call]] = []
 
-    def submit(self, call: Callable[[], None], name: str) -> None:
+    def submit(self, call: _Call, name: str) -> None:
         """Run ``call`` in an idle worker thread (named ``name`` while it runs), or a new
-        one. ``call`` must not raise (its outcome goes to a future)."""
+        one; then the function ``call`` returned, which gives the outcome to whoever waits
+        for it. ``call`` must not raise (its outcome goes to a future)."""
         with self._lock:
             handover = self._idle.pop() if self._idle else None
         if handover is not None:
@@ -110,16 +115,19 @@ class _Workers:
         handover.put(call)
         threading.Thread(target=self._work, args=(handover,), name=name, daemon=True).start()
 
-    def _work(self, handover: queue.SimpleQueue[Callable[[], None]]) -> None:
-        call: Callable[[], None] | None = handover.get()
+    def _work(self, handover: queue.SimpleQueue[_Call]) -> None:
+        call = handover.get()
         while True:
-            if call is not None:
-                call()
-                # Now, not at the next call: the call holds the request's tensors (and
-                # pool allocations) and its future.
-                call = None
+            finish = call()
+            # Dropped now, not at the next call: the call holds the request's tensors (and
+            # pool allocations).
+            del call
+            # Idle before the outcome is out: a caller that makes its next request as soon
+            # as it has this one's finds this thread instead of starting another.
             with self._lock:
                 self._idle.append(handover)
+            finish()
+            del finish
             try:
                 call = handover.get(timeout=self._idle_s)
             except queue.Empty:
@@ -137,12 +145,22 @@ def _reset_in_child(workers: weakref.ref[_Workers]) -> None:
         pool._reset()
 
 
-def _named(name: str, call: Callable[[], None]) -> None:
+def _named(name: str, call: _Call) -> Callable[[], None]:
     threading.current_thread().name = name
-    call()
+    return call()
 
 
 _WORKERS = _Workers(idle_s=30.0)
+
+
+def _succeed(future: InferFuture, outputs: Outputs) -> None:
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+        future.set_result(outputs)
+
+
+def _fail(future: InferFuture, error: BaseException) -> None:
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+        future.set_exception(error)
 
 
 def start(future: InferFuture, call: Callable[[], Outputs], name: str) -> None:
@@ -150,15 +168,12 @@ def start(future: InferFuture, call: Callable[[], Outputs], name: str) -> None:
     from idle ones or started); its outcome completes ``future`` (unless
     :meth:`InferFuture.cancel` completed it first)."""
 
-    def work() -> None:
+    def work() -> Callable[[], None]:
         try:
             outputs = call()
         except BaseException as exc:
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
-                future.set_exception(exc)
-        else:
-            with contextlib.suppress(concurrent.futures.InvalidStateError):
-                future.set_result(outputs)
+            return functools.partial(_fail, future, exc)
+        return functools.partial(_succeed, future, outputs)
 
     _WORKERS.submit(work, name)
 

@@ -100,11 +100,14 @@ class Handoff:
                 result = fn()
             except BaseException as exc:  # goes to the awaiting task
                 error = exc
-            _send(loop, future, result, error)
             # Dropped before the wait for the next call: they hold the request's data.
-            del call, loop, future, fn, result, error
+            del call, fn
+            # Idle before the outcome is out: a caller that makes its next request as soon
+            # as it has this one's finds this thread instead of starting another.
             with self._lock:
                 self._idle += 1
+            _send(loop, future, result, error)
+            del loop, future, result, error
 
     def close(self) -> None:
         """Let every worker end once the calls queued before are done; later calls raise."""
