@@ -8,9 +8,13 @@ import asyncio
 import concurrent.futures
 import threading
 import weakref
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
+from pb_tensor.serve._core import Core, Options
 from pb_tensor.serve._handoff import Handoff, await_future
 
 
@@ -171,3 +175,66 @@ def test_await_future_gives_the_outcome_and_cancels_on_cancellation() -> None:
         assert pending.cancelled()  # the request's future was cancelled too
 
     asyncio.run(main())
+
+
+_GATE = '''
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            path = pb_utils.get_input_tensor_by_name(request, "PATH").as_numpy()[0].decode()
+            while not os.path.exists(path):
+                time.sleep(0.01)
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", np.array([1], np.int32))]))
+        return responses
+'''
+_GATE_CONFIG = """
+name: "gate"
+backend: "python"
+input [ { name: "PATH" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+
+def test_a_request_cancelled_while_queued_for_a_worker_is_counted_out(tmp_path: Path) -> None:
+    """With every worker thread busy, a request waits for one; a client that goes away
+    then cancels it. Its request still ends through the worker (cancelled before it runs),
+    so serve no longer counts it in flight and shutdown's drain does not wait for it.
+    Fails with run_in_executor, whose cancelled work item never ran and so never counted
+    the request out."""
+    (tmp_path / "gate" / "1").mkdir(parents=True)
+    (tmp_path / "gate" / "1" / "model.py").write_text(_GATE)
+    (tmp_path / "gate" / "config.pbtxt").write_text(_GATE_CONFIG)
+    gate = tmp_path / "open"
+    core = Core(Options(model_repositories=[str(tmp_path)], in_process=True))
+    try:
+        core.startup()
+        model = core.model("gate")
+        inputs = {"PATH": np.array([str(gate).encode()], dtype=object)}
+        workers = 64  # serve's worker threads
+
+        async def main() -> list[Any]:
+            tasks = [asyncio.ensure_future(core.infer(model, inputs, None, {}, "", 0, 0))
+                     for _ in range(workers + 1)]  # fmt: skip
+            while core.pending("gate") < workers + 1:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)  # every worker holds a request: the last one waits
+            tasks[-1].cancel()
+            gate.touch()
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+        results = asyncio.run(main())
+        assert isinstance(results[-1], asyncio.CancelledError)
+        assert all(list(r.keys()) == ["OUT"] for r in results[:-1])
+        assert core.drain(30)
+        assert core.pending("gate") == 0
+    finally:
+        core.close()
