@@ -313,7 +313,8 @@ class LoadedModel:
         timeout: float | None = None,
         priority: int = 0,
     ) -> InferFuture:
-        """Run one request in a background thread; a future of its outputs.
+        """Run one request in a background thread (a long-lived worker, idle ones reused);
+        a future of its outputs.
 
         Takes the arguments of :meth:`infer`. Requests wait for an idle instance (or their batch)
         as with :meth:`infer`. ``future.cancel()`` cancels the request whether it still waits or

@@ -8,7 +8,6 @@ Triton's code and message.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import logging
 import os
@@ -33,6 +32,7 @@ from pb_tensor.serve._errors import (
     UNAVAILABLE,
     ServeError,
 )
+from pb_tensor.serve._handoff import Handoff, await_future
 from pb_tensor.serve._inline import InlinePolicy
 from pb_tensor.serve._shm import Regions
 
@@ -138,9 +138,7 @@ class Core:
         self._inflight = 0
         self._pending: dict[str, int] = {}
         self.regions = Regions()
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=64, thread_name_prefix="pb-tensor-serve-infer"
-        )
+        self._handoff = Handoff(max_workers=64, name="pb-tensor-serve-infer")
         self._idle = threading.Condition(self._lock)
         self._inline = InlinePolicy()
         self.live = True
@@ -352,11 +350,11 @@ class Core:
         if not self.options.in_process:
             return await self._infer_future(model, inputs, requested, parameters, request_id,
                                             correlation_id, flags)
-        # In-process, the request runs as a stream of its one response on a pool thread: the
-        # stream's cancel() reaches the model from here (infer_async's future costs a thread
-        # and, measured, ~0.5 ms more per request). With stub processes, a stream that ends
-        # in an error response waits for a final flag that does not come (bounded, 10 s), so
-        # there infer_async's future is used.
+        # In-process, the request runs as a stream of its one response on a worker thread
+        # (_handoff): the stream's cancel() reaches the model from here, with less on the way
+        # than infer_async's future. With stub processes, a stream that ends in an error
+        # response waits for a final flag that does not come (bounded, 10 s), so there
+        # infer_async's future is used.
         # A model that has shown it is quick runs on this (the event loop's) thread: no
         # hand-over to a pool thread and back (see _inline).
         stream = self.stream(model, inputs, requested, parameters, request_id,
@@ -377,11 +375,7 @@ class Core:
                 self._inline.record(model, time.perf_counter_ns() - start, inline)
 
         try:
-            if inline:
-                result = run()
-            else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._executor, run)
+            result = run() if inline else await self._handoff.run(run)
         except asyncio.CancelledError:
             stream.cancel()
             raise
@@ -408,7 +402,8 @@ class Core:
             except (TypeError, ValueError) as exc:
                 raise ServeError(str(exc)) from None
             try:
-                return await asyncio.wrap_future(future)
+                outputs: Outputs = await await_future(future)
+                return outputs
             except InferenceError as exc:
                 raise inference_error(exc) from None
         finally:
@@ -475,5 +470,5 @@ class Core:
                 log.exception("unloading model '%s' failed", name)
         for repo in self._repositories:
             repo.close()
-        self._executor.shutdown(wait=False)
+        self._handoff.close()
         self.regions.close()
