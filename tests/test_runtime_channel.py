@@ -120,3 +120,82 @@ def test_a_pack_of_empty_tensors(pair: tuple[Channel, Channel, SharedMemoryPool]
     ]
     del tensors
     assert pool.stats().allocations == 0
+
+
+@pytest.fixture
+def chain() -> Iterator[tuple[Channel, Channel, Channel, Channel, SharedMemoryPool]]:
+    """Two channels on one pool, as the runtime's to two stubs: a -> b, then b's end c -> d."""
+    pool = SharedMemoryPool.create(1 << 22)
+    pipes = [Pipe(), Pipe()]
+    try:
+        yield (Channel(pipes[0][0], pool), Channel(pipes[0][1], pool),
+               Channel(pipes[1][0], pool), Channel(pipes[1][1], pool), pool)  # fmt: skip
+    finally:
+        for ours, theirs in pipes:
+            ours.close()
+            theirs.close()
+        pool.close()
+
+
+def test_views_of_a_received_pack_are_passed_on_without_a_copy(
+    chain: tuple[Channel, Channel, Channel, Channel, SharedMemoryPool],
+) -> None:
+    # An ensemble's hop: a step's outputs, received in a pack, go on to the next step.
+    a, b, c, d, pool = chain
+    arrays = {"x": np.arange(6, dtype=np.float32), "y": np.arange(4, dtype=np.int64)}
+    a.send("out", None, [Tensor(n, v) for n, v in arrays.items()])
+    _, received, _ = b.recv()
+    assert pool.stats().allocations == 1
+    x, y = received
+    # as they are, renamed (a new tensor over the same memory), and a contiguous slice
+    passed = [x, Tensor.from_dlpack("y2", y), Tensor("x_tail", x.as_numpy()[2:])]
+    c.send("in", None, passed)
+    assert pool.stats().allocations == 1  # no new pack: one more message on the same record
+    _, got, _ = d.recv()
+    assert [t.name() for t in got] == ["x", "y2", "x_tail"]
+    np.testing.assert_array_equal(got[0].as_numpy(), arrays["x"])
+    np.testing.assert_array_equal(got[1].as_numpy(), arrays["y"])
+    np.testing.assert_array_equal(got[2].as_numpy(), arrays["x"][2:])
+    assert [t.data_ptr for t in got] == [t.data_ptr for t in passed]  # the same memory
+    # Everything gone (and each sender's hold dropped by an answer): nothing left.
+    b.send("ack")
+    a.recv()
+    d.send("ack")
+    c.recv()
+    del received, x, y, passed, got
+    assert pool.stats().allocations == 0
+
+
+def test_passed_on_views_and_new_tensors_share_one_message(
+    chain: tuple[Channel, Channel, Channel, Channel, SharedMemoryPool],
+) -> None:
+    a, b, c, d, pool = chain
+    a.send("out", None, [Tensor("x", np.ones(3, np.float32)), Tensor("z", np.zeros(2, np.int8))])
+    _, (x, _z), _ = b.recv()
+    new = [Tensor("n1", np.full(2, 7, np.int32)), Tensor("n2", np.full(2, 8, np.int32))]
+    c.send("in", None, [new[0], x, new[1], Tensor("strided", x.as_numpy()[::2])])
+    assert pool.stats().allocations == 2  # the received pack, and a new one for three tensors
+    _, got, _ = d.recv()
+    assert [t.as_numpy().tolist() for t in got] == [[7, 7], [1.0] * 3, [8, 8], [1.0, 1.0]]
+    assert got[1].data_ptr == x.data_ptr
+    assert got[3].data_ptr != x.data_ptr  # not contiguous: Tensor() copied it, so it is packed
+
+
+def test_a_dead_packs_memory_is_never_named(
+    chain: tuple[Channel, Channel, Channel, Channel, SharedMemoryPool],
+) -> None:
+    # Once a pack's views are gone its record is freed, and the next pack may reuse its
+    # memory: a tensor there must be copied (a pack of its own), not passed by reference.
+    a, b, c, d, pool = chain
+    a.send("out", None, [Tensor("x", np.ones(4, np.float32)), Tensor("w", np.ones(1, np.int8))])
+    _, first, _ = b.recv()
+    address = first[0].data_ptr
+    del first
+    b.send("ack")
+    a.recv()
+    assert pool.stats().allocations == 0
+    c.send("in", None, [Tensor("p", np.full(4, 2, np.float32)), Tensor("q", np.ones(1, np.int8))])
+    assert pool.stats().allocations == 1
+    _, got, _ = d.recv()
+    assert got[0].data_ptr == address  # the freed memory was reused
+    assert [t.as_numpy().tolist() for t in got] == [[2.0] * 4, [1]]

@@ -449,6 +449,65 @@ def test_stub_to_stub_hops_reuse_the_pool_records(tmp_path: Path) -> None:
         assert nbytes <= held < 1.5 * nbytes
 
 
+
+def test_stub_to_stub_hops_pass_small_tensors_on_in_their_pack(tmp_path: Path) -> None:
+    # Two 16 KiB outputs travel together in one pack; the ensemble returns them and passes
+    # them to the next step, which keeps them. The caller's outputs and keep_in's inputs are
+    # views of one pack when the runtime passed it on (two packs if it had copied them).
+    keep_out = ("""
+        backend: "python"
+        input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "A" data_type: TYPE_FP32 dims: [ -1 ] },
+                 { name: "B" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        """, """
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = []
+                for r in requests:
+                    x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                    kept = [pb_utils.Tensor("A", x + 1), pb_utils.Tensor("B", x + 2)]
+                    self.kept = getattr(self, "kept", []) + kept
+                    out.append(pb_utils.InferenceResponse(kept))
+                return out
+        """)  # fmt: skip
+    keep_in = ("""
+        backend: "python"
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] },
+                { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "S" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        """, """
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = []
+                for r in requests:
+                    kept = [pb_utils.get_input_tensor_by_name(r, n) for n in ("X", "Y")]
+                    self.kept = getattr(self, "kept", []) + kept
+                    s = sum(k.as_numpy().sum() for k in kept)
+                    out.append(pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("S", np.array([s], np.float32))]))
+                return out
+        """)  # fmt: skip
+    root = build(tmp_path / "models", {
+        "keep_out": keep_out, "keep_in": keep_in,
+        "hop": ensemble([step("keep_out", {"IN": "IN"}, {"A": "a", "B": "b"}),
+                         step("keep_in", {"X": "a", "Y": "b"}, {"S": "S"})],
+                        inputs='{ name: "IN" data_type: TYPE_FP32 dims: [ -1 ] }',
+                        outputs='{ name: "S" data_type: TYPE_FP32 dims: [ 1 ] }, '
+                                '{ name: "a" data_type: TYPE_FP32 dims: [ -1 ] }, '
+                                '{ name: "b" data_type: TYPE_FP32 dims: [ -1 ] }'),
+    })  # fmt: skip
+    n = 4096  # 16 KiB a tensor: both travel in a pack
+    with ModelRepository(root) as repo:
+        model = repo.load("hop")
+        model.infer({"IN": np.zeros(8, np.float32)})
+        before = repo.pool.stats().used
+        out = model.infer({"IN": np.zeros(n, np.float32)})
+        assert out["S"].tolist() == [3 * n]
+        assert (out["a"].sum(), out["b"].sum()) == (n, 2 * n)
+        model.infer({"IN": np.zeros(8, np.float32)})
+        held = repo.pool.stats().used - before  # with the caller's outputs still alive
+        assert 2 * n * 4 <= held < 3 * n * 4  # one copy of the two tensors; two if copied
+
 # -- unloading -------------------------------------------------------------------------------
 def test_unload_leaves_composing_models_unless_asked(repo: ModelRepository) -> None:
     model = repo.load("chain", isolated=False)

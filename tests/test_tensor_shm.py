@@ -165,6 +165,24 @@ def test_save_is_idempotent(pool: SharedMemoryPool) -> None:
     assert pool.refcount(handle) == 1  # the tensor's own
 
 
+def test_add_message_hands_out_a_loaded_record_again(pool: SharedMemoryPool) -> None:
+    a = np.arange(4, dtype=np.float32)
+    handle = Tensor("x", a).save_to_shared_memory(pool)
+    loaded = Tensor.load_from_shared_memory(pool, handle)
+    assert pool.pending_messages(handle) == 0
+    assert pool.add_message(handle) == handle  # no copy: one more message on the record
+    assert (pool.pending_messages(handle), pool.stats().allocations) == (1, 1)
+    again = Tensor.load_from_shared_memory(pool, handle)
+    assert again.data_ptr == loaded.data_ptr
+    np.testing.assert_array_equal(again.as_numpy(), a)
+    assert pool.add_message(handle) == handle
+    pool.release(handle)
+    del loaded, again
+    assert pool.stats().allocations == 0
+    with pytest.raises(TritonModelException, match=f"Shared memory handle {handle}"):
+        pool.add_message(handle)
+
+
 def test_save_to_two_pools(pool: SharedMemoryPool) -> None:
     t = Tensor("x", np.arange(3, dtype=np.float64))
     h1 = t.save_to_shared_memory(pool)

@@ -15,6 +15,12 @@ whatever the number of tensors, and the copies it adds are small. Larger tensors
 and BF16 tensors (serialized, or kept through DLPack) and GPU tensors keep a record each,
 so that large data is never copied on the way.
 
+A tensor that is a view of a pack this process received (a step's output that an ensemble
+passes on, an input a model returns as an output) is not copied again: the message names its
+place in that pack, and the pack's record gets one more message for the receiver (the
+registry of received packs below finds it by address). So data already in the pool stays
+there, from stub to stub, as tensors with records of their own always did.
+
 Record lifetime: the sender keeps the saving tensors alive until the receiver has loaded them.
 Every message carries the sequence number of the last message its sender received (and so
 loaded); the peer drops what it held for messages up to that number. This is correct whether
@@ -24,14 +30,19 @@ holding: the pending message of its record keeps it until the receiver's load ta
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import weakref
+from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from pickle import PickleBuffer
 from typing import Any
 
 import numpy as np
 
+from dlpack_ctypes import data_pointer
 from pb_tensor import MemoryType, Tensor, TritonDtype
 from pb_tensor.dtypes import numpy_dtype_of
 from pb_tensor.errors import TritonModelException
@@ -55,9 +66,73 @@ _PACKED: dict[int, np.dtype[Any]] = {
     int(t): np.dtype(numpy_dtype_of(t)) for t in TritonDtype
     if t not in (TritonDtype.TYPE_BYTES, TritonDtype.TYPE_BF16, TritonDtype.TYPE_INVALID)
 }  # fmt: skip
-# A tensor's place in its message: a record's handle, or (name, dtype, shape, offset) in
-# the pack (the record at the message's pack handle; dtype: the TritonDtype value).
-_Place = int | tuple[str, int, tuple[int, ...], int]
+# A tensor's place in its message: a record's handle, or (name, dtype, shape, offset, k):
+# at ``offset`` in the message's k-th pack (k 0: the pack made for it, if any; others:
+# packs received earlier that the tensor is a view of); dtype: the TritonDtype value.
+_Place = int | tuple[str, int, tuple[int, ...], int, int]
+
+
+class _Received:
+    """The packs this process received and still views, by address: a tensor whose data lies
+    in one of them is passed on by reference (one more message on that pack's record).
+
+    An entry lives as long as the pack's buffer (the views' common base): its weak
+    reference's callback (``list.append``, C code: safe in any thread, inside any lock)
+    queues it, and the next registration or lookup drops it under the lock. A queued entry
+    is never used (its reference is dead), so a pack freed meanwhile cannot be named.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = []  # sorted
+        # start -> (weak reference to the buffer, end, pool, record handle)
+        self._entries: dict[int, tuple[weakref.ref[PickleBuffer], int, SharedMemoryPool, int]] = {}
+        self._by_ref: dict[int, int] = {}  # id of an entry's weak reference -> its start
+        self._dead: list[weakref.ref[PickleBuffer]] = []
+
+    def add(self, buffer: PickleBuffer, start: int, pool: SharedMemoryPool, nbytes: int,
+            handle: int) -> None:
+        ref = weakref.ref(buffer, self._dead.append)
+        with self._lock:
+            self._purge()
+            old = self._entries.get(start)
+            if old is None:
+                insort(self._starts, start)
+            else:  # its buffer died and its queued reference is not purged yet
+                self._by_ref.pop(id(old[0]), None)
+            self._entries[start] = (ref, start + nbytes, pool, handle)
+            self._by_ref[id(ref)] = start
+
+    def find(self, address: int, nbytes: int, pool: SharedMemoryPool) -> tuple[int, int] | None:
+        """The record handle and offset of the live pack of ``pool`` holding ``nbytes`` at
+        ``address``, or None."""
+        with self._lock:
+            if self._dead:
+                self._purge()
+            starts = self._starts
+            i = bisect_right(starts, address) - 1
+            if i < 0:
+                return None
+            start = starts[i]
+            ref, end, owner, handle = self._entries[start]
+            if address + nbytes > end or owner is not pool or ref() is None:
+                return None
+            return handle, address - start
+
+    def _purge(self) -> None:
+        dead = self._dead
+        while dead:
+            ref = dead.pop()
+            start = self._by_ref.pop(id(ref), None)
+            if start is not None:
+                del self._entries[start]
+                self._starts.remove(start)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_received = _Received()
 
 Message = tuple[str, list[Tensor], Any]
 """A received message: kind, the tensors it carried (loaded), and its body."""
@@ -93,20 +168,21 @@ class Channel:
                     f"tensor '{t.name()}' is in GPU memory: tensors cross between the runtime "
                     "and its stub processes in host memory only"
                 )
-        places, keep, pack = self._places(tensors) if tensors else ((), (), 0)
+        places, keep, packs = self._places(tensors) if tensors else ((), (), None)
         with self._send_lock:
             self._out_seq += 1
             if keep:
                 self._held.append((self._out_seq, keep))
             try:
-                self.conn.send((self._out_seq, self._in_seq, kind, places, body, pack))
+                self.conn.send((self._out_seq, self._in_seq, kind, places, body, packs))
             except (OSError, EOFError, ValueError) as exc:
                 _reraise_foreign(exc)
                 raise ChannelClosed(str(exc)) from None
 
-    def _places(self, tensors: Sequence[Tensor]) -> tuple[list[_Place], list[Tensor], int]:
+    def _places(self, tensors: Sequence[Tensor]) -> tuple[list[_Place], list[Tensor], list[int]]:
         """Save ``tensors`` for a message: where each one travels, what the sender keeps
-        alive until the peer loaded them, and the pack's handle (0: no pack).
+        alive until the peer loaded them, and the handles of its packs (the first 0 when
+        nothing was copied into a new pack).
 
         Raises:
             TritonModelException: the pool cannot hold them.
@@ -115,34 +191,61 @@ class Channel:
         places: list[_Place] = []
         chunks: list[bytes] = []
         total = 0
+        packed = 0  # tensors copied into the new pack
+        shared: dict[int, int] = {}  # record handle of a received pack -> its index in packs
         for t in tensors:
             nbytes = t.byte_size
             dtype = t.dtype
-            if (nbytes <= PACK_TENSOR_MAX and total + nbytes <= PACK_MAX
-                    and t.memory_type is _CPU and dtype in _PACKED):
+            if t.memory_type is not _CPU or dtype not in _PACKED:
+                places.append(-1)
+                continue
+            if _received:
+                found = _received.find(t.data_ptr, nbytes, pool)
+                if found is not None and t.as_numpy().flags.c_contiguous:
+                    k = shared.setdefault(found[0], len(shared) + 1)
+                    places.append((t.name(), int(dtype), t.as_numpy().shape, found[1], k))
+                    continue
+            if nbytes <= PACK_TENSOR_MAX and total + nbytes <= PACK_MAX:
                 array = t.as_numpy()
-                places.append((t.name(), int(dtype), array.shape, total))
+                places.append((t.name(), int(dtype), array.shape, total, 0))
                 # tobytes: C order, in the array's byte order (a tensor's is the native one)
                 chunks.append(array.tobytes())
                 pad = -nbytes % _ALIGN
                 if pad:
                     chunks.append(_PADS[pad])
                 total += nbytes + pad
+                packed += 1
             else:
                 places.append(-1)
         keep = [t for t, place in zip(tensors, places) if place == -1]
-        if len(keep) > len(tensors) - 2:  # a pack of one saves nothing: a record each
+        if not shared and packed < 2:  # a pack of one saves nothing: a record each
             keep = list(tensors)
-            return [t.save_to_shared_memory(pool) for t in tensors], keep, 0
-        # The pack's record carries one message, which keeps it alive until the receiver's
-        # load takes it over: the sender holds nothing for it.
-        pack = save_record(pool, name="pack", dtype=_UINT8, dims=(total,), memory_type=0,
-                           memory_type_id=0, payload=b"".join(chunks), byte_size=total)
-        records = iter(keep)
-        for i, place in enumerate(places):
-            if place == -1:
-                places[i] = next(records).save_to_shared_memory(pool)
-        return places, keep, pack
+            return [t.save_to_shared_memory(pool) for t in tensors], keep, [0]
+        packs = [0] * (len(shared) + 1)
+        saved: list[int] = []  # handed out so far: given back if a later save fails
+        try:
+            for handle, k in shared.items():
+                packs[k] = pool.add_message(handle)
+                saved.append(packs[k])
+            if packed:
+                # The pack's record carries one message, which keeps it alive until the
+                # receiver's load takes it over: the sender holds nothing for it.
+                packs[0] = save_record(pool, name="pack", dtype=_UINT8, dims=(total,),
+                                       memory_type=0, memory_type_id=0,
+                                       payload=b"".join(chunks), byte_size=total)
+                saved.append(packs[0])
+            records = iter(keep)
+            for i, place in enumerate(places):
+                if place == -1:
+                    handle = next(records).save_to_shared_memory(pool)
+                    places[i] = handle
+                    saved.append(handle)
+        except BaseException:
+            for handle in saved:
+                with contextlib.suppress(TritonModelException):
+                    pool.release(handle)
+            raise
+        return places, keep, packs
 
     def poll(self, timeout: float | None) -> bool:
         """Whether a message (or the peer's end of stream) is ready within ``timeout``."""
@@ -159,16 +262,16 @@ class Channel:
             ChannelClosed: the peer is gone.
         """
         try:
-            seq, acked, kind, places, body, pack = self.conn.recv()
+            seq, acked, kind, places, body, packs = self.conn.recv()
         except (OSError, EOFError, ValueError) as exc:
             _reraise_foreign(exc)
             raise ChannelClosed(str(exc) or "end of stream") from None
         pool = self.pool
-        if pack:
-            buffer = Tensor.load_from_shared_memory(pool, pack).as_numpy()
+        if packs is not None and (packs[0] or len(packs) > 1):
+            buffers = [_load_pack(pool, h) if h else None for h in packs]
             tensors = [
                 Tensor.load_from_shared_memory(pool, p) if isinstance(p, int) else
-                Tensor(p[0], _ndarray(p[2], _PACKED[p[1]], buffer, p[3])) for p in places
+                Tensor(p[0], _ndarray(p[2], _PACKED[p[1]], buffers[p[4]], p[3])) for p in places
             ]  # fmt: skip
         else:
             tensors = [Tensor.load_from_shared_memory(pool, p) for p in places]
@@ -187,6 +290,17 @@ class Channel:
     def close(self) -> None:
         """Close the socket (the peer sees end of stream)."""
         self.conn.close()
+
+
+def _load_pack(pool: SharedMemoryPool, handle: int) -> PickleBuffer:
+    """Load the pack at ``handle``: the buffer its tensors view (each view keeps it, and so
+    the record, alive), registered so that a view passed on is sent by reference."""
+    array = Tensor.load_from_shared_memory(pool, handle).as_numpy()
+    # The views' base: numpy keeps a PickleBuffer as it is (an ndarray or a memoryview would
+    # be collapsed to the loaded array), and it can be watched by a weak reference.
+    buffer = PickleBuffer(array.data)
+    _received.add(buffer, data_pointer(array), pool, array.nbytes, handle)
+    return buffer
 
 
 def _reraise_foreign(exc: BaseException) -> None:

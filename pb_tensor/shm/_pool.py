@@ -322,6 +322,29 @@ class SharedMemoryPool(MappedHeap):
         if holder is not None and holder._token:
             self._op(self._untake_locked, holder)
 
+    def add_message(self, handle: int) -> int:
+        """One more message on the saved record at ``handle``, for another load: ``handle``
+        again (as a second :meth:`pb_tensor.Tensor.save_to_shared_memory` of a loaded tensor
+        hands out, without copying). The caller must keep the record alive meanwhile (hold a
+        tensor loaded from it, or a view of one); the message keeps it until a load takes it
+        over or :meth:`release` gives it back.
+
+        Raises:
+            TritonModelException: the handle is out of range, freed or not a tensor record,
+                its count would overflow, or the pool is closed.
+        """
+        # Handed over in this frame, as save_to_shared_memory does (see there).
+        cell = [0]
+        try:
+            self._call(self._add_message_locked, handle, cell)
+        except BaseException:
+            if cell[0]:
+                self._op(self._release_cell_locked, cell)
+            raise
+        handle = cell[0]
+        cell[0] = 0  # handed over: nothing from here on calls or branches (no handler runs)
+        return handle
+
     def decref(self, handle: int) -> None:
         """Drop a reference to the allocation at ``handle``; free it when none is left.
 
