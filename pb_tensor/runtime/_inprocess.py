@@ -102,7 +102,7 @@ class InProcessEngine:
             on_sent()
         copy = not self.host.info.share_inputs
         for data in batch:
-            data.inputs = as_delivered(data.inputs, copy=copy)
+            data.inputs = as_delivered(data.inputs, copy=copy and not data.copied)
         if self.host.info.decoupled:
             return self._run_decoupled(batch, timeout, cancel, returned)
         # Every response but those sent after execute returned arrives before it returns:

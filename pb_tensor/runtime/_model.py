@@ -80,13 +80,20 @@ class LoadedModel:
         self._instances: list[Instance] = []
         self._lock = threading.Lock()
         self._stub_bls = StubBls(self.bls_data_replies)
+        self._copy_inputs = False
         self._input_dtypes: dict[str, Any] = {}
         for io in spec.inputs:
             if io.dtype != TritonDtype.TYPE_BYTES:
                 self._input_dtypes[io.name] = triton_to_numpy_type(io.dtype)
 
     def _attach(self, instances: list[Instance]) -> None:
-        eager = isinstance(instances[0].engine, InProcessEngine) and not self._decoupled
+        engine = instances[0].engine
+        eager = isinstance(engine, InProcessEngine) and not self._decoupled
+        # In-process models receive copies of the caller's arrays (as Triton's do, through
+        # its shared memory): _request makes them where it makes the tensors anyway.
+        self._copy_inputs = (
+            isinstance(engine, InProcessEngine) and not engine.host.info.share_inputs
+        )
         self._instances = instances
         self._scheduler = Scheduler(self._name, self._config, instances, eager,
                                     self._decoupled)  # fmt: skip
@@ -175,10 +182,11 @@ class LoadedModel:
         if not requested_outputs:
             # Numpy arrays that already match the configuration: validated as they become
             # tensors, as validate_request would find them.
-            tensors = array_tensors(self._spec, inputs)
+            copy = self._copy_inputs
+            tensors = array_tensors(self._spec, inputs, copy)
             if tensors is not None:
                 return RequestData(tensors, self._spec.output_names, request_id,
-                                   correlation_id, flags, params, 0, True)  # fmt: skip
+                                   correlation_id, flags, params, 0, True, copied=copy)  # fmt: skip
         return RequestData(
             [to_tensor(n, v, self._input_dtypes.get(n)) for n, v in inputs.items()],
             list(requested_outputs or ()),

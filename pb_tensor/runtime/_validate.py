@@ -103,7 +103,9 @@ def _array_table(
     return table
 
 
-def array_tensors(spec: ModelSpec, inputs: Mapping[str, object]) -> list[Tensor] | None:
+def array_tensors(
+    spec: ModelSpec, inputs: Mapping[str, object], copy: bool = False
+) -> list[Tensor] | None:
     """The inputs as tensors when they are numpy arrays that make a valid request, decided
     with a few lookups per input; None also when unsure (the caller then makes the tensors
     its general way and runs :func:`validate_request`, which finds the error or accepts).
@@ -112,7 +114,9 @@ def array_tensors(spec: ModelSpec, inputs: Mapping[str, object]) -> list[Tensor]
     qualify: their tensors have exactly the configured data type and the arrays' shapes, so
     this accepts nothing :func:`validate_request` would refuse. A C-contiguous array is
     wrapped through ``Tensor.from_dlpack`` (the same zero-copy tensor ``Tensor()`` makes,
-    with fewer checks); ``Tensor()`` copies any other, as upstream does.
+    with fewer checks); ``Tensor()`` copies any other, as upstream does. With ``copy``, each
+    tensor holds a C-contiguous copy of its array instead (what an in-process model that
+    copies its inputs receives), made in one step.
     """
     table = spec.array_table
     if table is None or len(inputs) != len(table):
@@ -138,9 +142,12 @@ def array_tensors(spec: ModelSpec, inputs: Mapping[str, object]) -> list[Tensor]
         for pos, size in entry[2]:
             if shape[pos] != size:
                 return None
-        tensors.append(
-            _from_dlpack(name, value) if value.flags.c_contiguous else Tensor(name, value)
-        )
+        if copy:
+            tensors.append(Tensor(name, value.copy()))
+        else:
+            tensors.append(
+                _from_dlpack(name, value) if value.flags.c_contiguous else Tensor(name, value)
+            )
     return tensors if batch <= limit else None
 
 
