@@ -153,8 +153,10 @@ def outputs_of(reply: Reply) -> Outputs:
         TritonModelException: a GPU tensor and no usable CUDA to copy it, or a BF16 tensor
             without ``ml_dtypes``.
     """
+    out = Outputs()
     try:
-        out = Outputs({t.name(): t.as_numpy() for t in reply.tensors})
+        for t in reply.tensors:
+            out[t.name()] = t.as_numpy()
     except TritonModelException:
         out = Outputs({t.name(): t.to_host().as_numpy() for t in reply.tensors})
     if reply.parameters not in ("{}", ""):
