@@ -113,7 +113,8 @@ class InProcessEngine:
             on_sent()
         copy = self._copy
         for data in batch:
-            data.inputs = as_delivered(data.inputs, copy=copy and not data.copied)
+            if not data.delivered:
+                data.inputs = as_delivered(data.inputs, copy=copy)
         if self._decoupled:
             return self._run_decoupled(batch, timeout, cancel, returned)
         # Every response but those sent after execute returned arrives before it returns:

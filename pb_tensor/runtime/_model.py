@@ -80,6 +80,7 @@ class LoadedModel:
         self._instances: list[Instance] = []
         self._lock = threading.Lock()
         self._stub_bls = StubBls(self.bls_data_replies)
+        self._in_process = False
         self._copy_inputs = False
         self._input_dtypes: dict[str, Any] = {}
         for io in spec.inputs:
@@ -90,7 +91,9 @@ class LoadedModel:
         engine = instances[0].engine
         eager = isinstance(engine, InProcessEngine) and not self._decoupled
         # In-process models receive copies of the caller's arrays (as Triton's do, through
-        # its shared memory): _request makes them where it makes the tensors anyway.
+        # its shared memory): _request makes them where it makes the tensors anyway, and
+        # marks tensors it made as the engine would deliver them.
+        self._in_process = isinstance(engine, InProcessEngine)
         self._copy_inputs = (
             isinstance(engine, InProcessEngine) and not engine.host.info.share_inputs
         )
@@ -182,11 +185,13 @@ class LoadedModel:
         if not requested_outputs:
             # Numpy arrays that already match the configuration: validated as they become
             # tensors, as validate_request would find them.
-            copy = self._copy_inputs
-            tensors = array_tensors(self._spec, inputs, copy)
+            # Numeric only (no BYTES to convert), copied when the model's inputs are copies:
+            # what an in-process engine delivers.
+            tensors = array_tensors(self._spec, inputs, self._copy_inputs)
             if tensors is not None:
                 return RequestData(tensors, self._spec.output_names, request_id,
-                                   correlation_id, flags, params, 0, True, copied=copy)  # fmt: skip
+                                   correlation_id, flags, params, 0, True,
+                                   delivered=self._in_process)  # fmt: skip
         return RequestData(
             [to_tensor(n, v, self._input_dtypes.get(n)) for n, v in inputs.items()],
             list(requested_outputs or ()),
@@ -204,6 +209,14 @@ class LoadedModel:
         when the engine's run completes them all at once, else a generator. ``cancel``: the
         caller's cancellation of the batch (a batch cancelled while queued does not run)."""
         start_ns = time.monotonic_ns()
+        scheduler = self._scheduler
+        if (
+            len(batch) == 1 and scheduler is not None and batch[0].validated
+            and type(batch[0].correlation_id) is int and not self._isolated
+        ):  # fmt: skip
+            # One valid request, which none of the checks below could refuse: straight on.
+            return scheduler.run(batch, [0], self._timeout if timeout is None else timeout,
+                                 cancel, start_ns, priority)  # fmt: skip
         early: list[Reply] = []
         valid: list[RequestData] = []
         where: list[int] = []
