@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from runtime_models import HEADER, IDENTITY_CONFIG
+from runtime_models import EXAMPLES, HEADER, IDENTITY_CONFIG
 
 from pb_tensor import Tensor, TritonDtype
 from pb_tensor.errors import TritonModelException
@@ -411,3 +411,34 @@ def test_in_process_inputs_are_copied_when_the_request_is_made(tmp_path: Path) -
         caller[:] = 7
         assert second.result(timeout=30)["OUT"].tolist() == [1, 2]
         assert first.result(timeout=30)["OUT"].tolist() == [-1]
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["copied", "shared"])
+def test_requested_outputs_take_the_array_path(share: bool) -> None:
+    """Arrays that match the configuration become the request's tensors at once whether or
+    not the caller names outputs (tritonclient usually does); the outputs, their order and
+    the errors are those of the full validation."""
+    a = np.arange(4, dtype=np.float32)
+    b = np.ones(4, dtype=np.float32)
+    inputs = {"INPUT0": a, "INPUT1": b}
+    with ModelRepository(EXAMPLES, share_inputs=share) as repo, repo.load(
+        "add_sub", isolated=False
+    ) as model:
+        data = model._request(inputs, ("OUTPUT1", "OUTPUT0", "OUTPUT1"), None, 0, 0, "")
+        assert data.validated
+        assert data.delivered
+        assert data.requested_outputs == ["OUTPUT1", "OUTPUT0"]
+        assert np.shares_memory(data.inputs[0].as_numpy(), a) is share
+        out = model.infer(inputs, requested_outputs=["OUTPUT1"])
+        assert list(out) == ["OUTPUT1"]
+        assert out["OUTPUT1"].tolist() == (a - b).tolist()
+        out = model.infer(inputs, requested_outputs=iter(["OUTPUT1", "OUTPUT0"]))
+        assert sorted(out) == ["OUTPUT0", "OUTPUT1"]
+        for requested in (["OUTPUT0", "X"], "OUTPUT0"):
+            with pytest.raises(InferenceError) as info:
+                model.infer(inputs, requested_outputs=requested)
+            bad = "X" if requested != "OUTPUT0" else "O"
+            assert info.value.message() == (
+                f"unexpected inference output '{bad}' for model 'add_sub'"
+            )
+        assert model.statistics()["inference_stats"]["fail"]["count"] == 2

@@ -30,7 +30,12 @@ from pb_tensor.runtime._seam import (
     TritonError,
 )
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply
-from pb_tensor.runtime._validate import ModelSpec, array_tensors, validate_request
+from pb_tensor.runtime._validate import (
+    ModelSpec,
+    array_tensors,
+    known_outputs,
+    validate_request,
+)
 from pb_tensor.runtime._values import InputValue, Outputs, ParameterValue, outputs_of, to_tensor
 
 if TYPE_CHECKING:
@@ -182,19 +187,21 @@ class LoadedModel:
         if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise TypeError(f"inputs must be a mapping of names to values, not {type(inputs)}")
         params = json.dumps(dict(parameters)) if parameters else "{}"
-        if not requested_outputs:
+        spec = self._spec
+        requested = list(requested_outputs) if requested_outputs else []
+        wanted = known_outputs(spec, requested) if requested else spec.output_names
+        if wanted is not None:
             # Numpy arrays that already match the configuration: validated as they become
-            # tensors, as validate_request would find them.
-            # Numeric only (no BYTES to convert), copied when the model's inputs are copies:
-            # what an in-process engine delivers.
-            tensors = array_tensors(self._spec, inputs, self._copy_inputs)
+            # tensors, as validate_request would find them. Numeric only (no BYTES to
+            # convert), copied when the model's inputs are copies: what an in-process engine
+            # delivers.
+            tensors = array_tensors(spec, inputs, self._copy_inputs)
             if tensors is not None:
-                return RequestData(tensors, self._spec.output_names, request_id,
-                                   correlation_id, flags, params, 0, True,
-                                   delivered=self._in_process)  # fmt: skip
+                return RequestData(tensors, wanted, request_id, correlation_id, flags, params,
+                                   0, True, delivered=self._in_process)  # fmt: skip
         return RequestData(
             [to_tensor(n, v, self._input_dtypes.get(n)) for n, v in inputs.items()],
-            list(requested_outputs or ()),
+            requested,
             request_id,
             correlation_id,
             flags,

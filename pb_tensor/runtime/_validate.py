@@ -17,7 +17,14 @@ from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._seam import TritonError
 
-__all__ = ["IOSpec", "ModelSpec", "array_tensors", "arrays_ok", "validate_request"]
+__all__ = [
+    "IOSpec",
+    "ModelSpec",
+    "array_tensors",
+    "arrays_ok",
+    "known_outputs",
+    "validate_request",
+]
 
 _WILDCARD = -1
 _from_dlpack = Tensor.from_dlpack
@@ -48,6 +55,7 @@ class ModelSpec:
     )
     all_required: bool = field(init=False, repr=False, compare=False)
     output_list: list[str] = field(init=False, repr=False, compare=False)
+    output_set: frozenset[str] = field(init=False, repr=False, compare=False)
     # name -> (numpy dtype, rank, ((position, size), ...) of the fixed dims): what arrays_ok
     # reads; None when some input is optional or has no numpy type an array can carry as is.
     array_table: dict[str, tuple[np.dtype[Any], int, tuple[tuple[int, int], ...]]] | None = (
@@ -75,6 +83,7 @@ class ModelSpec:
         object.__setattr__(self, "table", table)
         object.__setattr__(self, "all_required", not any(i.optional for i in self.inputs))
         object.__setattr__(self, "output_list", [o.name for o in self.outputs])
+        object.__setattr__(self, "output_set", frozenset(self.output_list))
         object.__setattr__(self, "array_table", _array_table(self))
 
     @property
@@ -149,6 +158,19 @@ def array_tensors(
                 _from_dlpack(name, value) if value.flags.c_contiguous else Tensor(name, value)
             )
     return tensors if batch <= limit else None
+
+
+def known_outputs(spec: ModelSpec, requested: Sequence[object]) -> list[str] | None:
+    """The output names a request asking for ``requested`` gets (each once, in the order
+    asked), when every one of them is a configured output's name; None otherwise (then
+    :func:`validate_request` gives the error)."""
+    names = spec.output_set
+    wanted: dict[str, None] = {}
+    for name in requested:
+        if type(name) is not str or name not in names:
+            return None
+        wanted[name] = None
+    return list(wanted)
 
 
 def arrays_ok(spec: ModelSpec, inputs: Mapping[str, object]) -> bool:
