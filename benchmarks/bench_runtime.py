@@ -14,14 +14,16 @@ Targets (issue 11):
 * an ensemble of two add_sub steps: at most 1.2x calling the two models in sequence from
   Python (issue 19), isolated and in-process.
 
-Usage: ``python benchmarks/bench_runtime.py [--quick] [--only single|ensemble|scheduling]``
-(``--only`` repeatable). Medians of repeated runs; ratios are computed within the run from
-interleaved rounds, so machine speed and load changes cancel out.
+Usage: ``python benchmarks/bench_runtime.py [--quick] [--only SECTION ...]`` (sections:
+``inprocess``, ``isolated``, ``ensemble``, ``scheduling``). Medians of repeated runs; ratios are
+computed within the run from interleaved rounds, so machine speed and load changes cancel
+out.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
 import resource
@@ -268,79 +270,45 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
         shutil.rmtree(root, ignore_errors=True)
 
 
-_GROUPS = ("single", "ensemble", "scheduling")
-
-
 def _row(name: str, value: str, ratio: str = "", verdict: str = "") -> str:
     return f"{name:<58} {value:>14} {ratio:>10} {verdict:>5}"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short run (fewer repeats)")
-    parser.add_argument("--only", choices=_GROUPS, action="append",
-                        help="run only this group of rows (repeatable; default: all)")
-    args = parser.parse_args()
-    only = set(args.only or _GROUPS)
-    repeat, min_time = (3, 0.05) if args.quick else (7, 0.2)
-    big_repeat = 3 if args.quick else 5
-    lines: list[str] = []
-    verdicts: list[bool] = []
-
-    def report(name: str, value: str, ratio: float | None = None, target: float | None = None,
-               higher_is_worse: bool = True) -> None:
-        verdict = ""
-        ratio_text = ""
-        if ratio is not None:
-            ratio_text = f"{ratio:.2f}x"
-        if target is not None and ratio is not None:
-            ok = ratio <= target if higher_is_worse else ratio >= target
-            verdicts.append(ok)
-            verdict = "PASS" if ok else "MISS"
-        lines.append(_row(name, value, ratio_text, verdict))
-
-    if "single" in only:
-        _single_rows(args.quick, repeat, min_time, big_repeat, report, lines, verdicts)
-    if "ensemble" in only:
-        _ensemble_rows(report, lines, repeat, min_time)
-    if "scheduling" in only:
-        _scheduling(args.quick, report, lines)
-
-    sys.stdout.write("\n".join(lines) + "\n")
-    passed = sum(verdicts)
-    sys.stdout.write(f"{passed}/{len(verdicts)} targets met\n")
-    return 0
+_SECTIONS = ("inprocess", "isolated", "ensemble", "scheduling")
 
 
-def _single_rows(
-    quick: bool, repeat: int, min_time: float, big_repeat: int, report: Callable[..., None],
-    lines: list[str], verdicts: list[bool],
+def _inprocess_rows(
+    quick: bool, min_time: float, report: Callable[..., None], lines: list[str],
+    verdicts: list[bool],
 ) -> None:
-    """One caller at a time: in-process overhead, stub process against a pickling Pipe, and
-    a stream of requests each way."""
+    """In-process ``infer`` against calling ``execute`` directly, on the default path (inputs
+    copied, as Triton does) and with ``share_inputs=True`` (what ``serve`` uses)."""
     a16 = np.arange(16, dtype=np.float32)
     b16 = np.ones(16, dtype=np.float32)
-    with ModelRepository(EXAMPLES) as repo:
-        # -- in-process overhead ---------------------------------------------------------------
+    with ModelRepository(EXAMPLES) as repo, ModelRepository(EXAMPLES, share_inputs=True) as shr:
         model = repo.load("add_sub", isolated=False)
+        shared = shr.load("add_sub", isolated=False)
         module = load_model_module(
             os.path.join(EXAMPLES, "add_sub", "1", "model.py"), "add_sub_direct"
         )
         direct = module.TritonPythonModel()
-        direct.initialize({"model_config": __import__("json").dumps(model.config)})
+        direct.initialize({"model_config": json.dumps(model.config)})
         requests = [make_request([Tensor("INPUT0", a16), Tensor("INPUT1", b16)],
                                  ["OUTPUT0", "OUTPUT1"], model_name="add_sub")]
-        n_direct = _calls_for(lambda: direct.execute(requests), min_time)
-        n_infer = _calls_for(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), min_time)
+        calls: list[Callable[[], object]] = [
+            lambda: direct.execute(requests),
+            lambda: model.infer({"INPUT0": a16, "INPUT1": b16}),
+            lambda: shared.infer({"INPUT0": a16, "INPUT1": b16}),
+        ]
+        numbers = [_calls_for(call, min_time) for call in calls]
         rounds = []
         # Rounds are short here: more of them keep the median steady on a loaded machine.
         for _ in range(7 if quick else 15):
-            d = _per_call_us(lambda: direct.execute(requests), n_direct)
-            i = _per_call_us(lambda: model.infer({"INPUT0": a16, "INPUT1": b16}), n_infer)
-            rounds.append((d, i, i - d))
-        direct_us = statistics.median(r[0] for r in rounds)
-        inproc_us = statistics.median(r[1] for r in rounds)
-        overhead = statistics.median(r[2] for r in rounds)
+            d, i, s = (_per_call_us(call, n) for call, n in zip(calls, numbers))
+            rounds.append((d, i, i - d, s, s - d))
+        direct_us, inproc_us, overhead, shared_us, shared_overhead = (
+            statistics.median(r[k] for r in rounds) for k in range(5)
+        )
         lines.append("in-process infer, add_sub, two (16,) float32 inputs")
         report("  execute() called directly with prebuilt requests", f"{direct_us:9.1f} us")
         report("  LoadedModel.infer (in-process)", f"{inproc_us:9.1f} us")
@@ -348,14 +316,26 @@ def _single_rows(
         verdicts.append(ok)
         lines.append(_row("  overhead (target <= 10 us)", f"{overhead:9.1f} us", "",
                           "PASS" if ok else "MISS"))
+        report("  LoadedModel.infer, share_inputs=True (as serve)", f"{shared_us:9.1f} us")
+        report("  overhead, share_inputs=True", f"{shared_overhead:9.1f} us")
         n_stream = 200 if quick else 1000
         start = time.perf_counter()
         for _ in range(n_stream):
             model.infer({"INPUT0": a16, "INPUT1": b16})
         inproc_rps = n_stream / (time.perf_counter() - start)
-        model.unload()
+        lines.append("stream of add_sub requests, two (16,) float32 inputs")
+        report("  in-process", f"{inproc_rps:9.0f} req/s")
 
-        # -- isolated vs a pickling Pipe -------------------------------------------------------
+
+def _isolated_rows(
+    quick: bool, repeat: int, big_repeat: int, min_time: float,
+    report: Callable[..., None], lines: list[str],
+) -> None:
+    """Stub-process ``infer`` against a pickling ``multiprocessing.Pipe`` round trip."""
+    a16 = np.arange(16, dtype=np.float32)
+    b16 = np.ones(16, dtype=np.float32)
+    n_stream = 200 if quick else 1000
+    with ModelRepository(EXAMPLES) as repo:
         iso = repo.load("add_sub", isolated=True)
         ctx = mp.get_context("spawn")
         ours, theirs = ctx.Pipe()
@@ -394,8 +374,46 @@ def _single_rows(
             ours.send(None)
             proc.join(10)
         lines.append("stream of add_sub requests, two (16,) float32 inputs")
-        report("  in-process", f"{inproc_rps:9.0f} req/s")
         report("  isolated (stub process)", f"{iso_rps:9.0f} req/s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short run (fewer repeats)")
+    parser.add_argument("--only", nargs="+", choices=_SECTIONS, metavar="SECTION",
+                        help=f"run only these sections ({', '.join(_SECTIONS)})")
+    args = parser.parse_args()
+    repeat, min_time = (3, 0.05) if args.quick else (7, 0.2)
+    big_repeat = 3 if args.quick else 5
+    lines: list[str] = []
+    verdicts: list[bool] = []
+
+    def report(name: str, value: str, ratio: float | None = None, target: float | None = None,
+               higher_is_worse: bool = True) -> None:
+        verdict = ""
+        ratio_text = ""
+        if ratio is not None:
+            ratio_text = f"{ratio:.2f}x"
+        if target is not None and ratio is not None:
+            ok = ratio <= target if higher_is_worse else ratio >= target
+            verdicts.append(ok)
+            verdict = "PASS" if ok else "MISS"
+        lines.append(_row(name, value, ratio_text, verdict))
+
+    sections = set(args.only or _SECTIONS)
+    if "inprocess" in sections:
+        _inprocess_rows(args.quick, min_time, report, lines, verdicts)
+    if "isolated" in sections:
+        _isolated_rows(args.quick, repeat, big_repeat, min_time, report, lines)
+    if "ensemble" in sections:
+        _ensemble_rows(report, lines, repeat, min_time)
+    if "scheduling" in sections:
+        _scheduling(args.quick, report, lines)
+
+    sys.stdout.write("\n".join(lines) + "\n")
+    passed = sum(verdicts)
+    sys.stdout.write(f"{passed}/{len(verdicts)} targets met\n")
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,12 +14,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from runtime_models import HEADER, IDENTITY_CONFIG
+from runtime_models import EXAMPLES, HEADER, IDENTITY_CONFIG
 
 from pb_tensor import Tensor, TritonDtype
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime import InferenceError, ModelRepository
-from pb_tensor.runtime._validate import IOSpec, ModelSpec, arrays_ok, validate_request
+from pb_tensor.runtime._validate import (
+    IOSpec,
+    ModelSpec,
+    array_tensors,
+    arrays_ok,
+    validate_request,
+)
 from pb_tensor.utils import InferenceResponse, TritonError
 from pb_tensor.utils._context import (
     InferenceResponseSender,
@@ -351,3 +357,88 @@ def test_infer_errors_are_the_same_on_both_paths(late_repo: Path) -> None:
             "'late' expects 'INT32'"
         )
         assert model.infer({"IN": [4]})["OUT"].tolist() == [4]  # a list takes the slow path
+
+
+# -- inputs copied once, when the request is made -------------------------------------------
+
+
+def test_array_tensors_copy_gives_contiguous_writable_copies() -> None:
+    spec = ModelSpec("m", 0, (IOSpec("A", TritonDtype.TYPE_FP32, (-1, 2)),
+                              IOSpec("B", TritonDtype.TYPE_INT32, (3,))), ())  # fmt: skip
+    a = np.arange(12, dtype=np.float32).reshape(6, 2)[::2]  # strided: not C-contiguous
+    b = np.arange(3, dtype=np.int32)
+    b.flags.writeable = False
+    shared = array_tensors(spec, {"A": a, "B": b})
+    copied = array_tensors(spec, {"A": a, "B": b}, copy=True)
+    assert shared is not None
+    assert copied is not None
+    assert np.shares_memory(shared[1].as_numpy(), b)
+    for tensor, source in zip(copied, (a, b)):
+        array = tensor.as_numpy()
+        assert not np.shares_memory(array, source)
+        assert array.flags.c_contiguous
+        assert array.flags.writeable
+        assert array.dtype == source.dtype
+        assert array.tolist() == source.tolist()
+    assert [t.name() for t in copied] == ["A", "B"]
+    assert [t.dtype for t in copied] == [TritonDtype.TYPE_FP32, TritonDtype.TYPE_INT32]
+
+
+SLOW_ECHO = """
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            array = value(r)
+            if array[0] < 0:
+                time.sleep(0.5)  # holds the only instance while the next request waits
+            responses.append(ok(r, array.copy()))
+        return responses
+"""
+
+
+def test_in_process_inputs_are_copied_when_the_request_is_made(tmp_path: Path) -> None:
+    """As a Triton client's bytes are on their way once it sent them: a caller changing its
+    array while its request waits for the instance does not change the request (the copy
+    used to be made when the request ran; it failed before)."""
+    (tmp_path / "slow_echo" / "1").mkdir(parents=True)
+    (tmp_path / "slow_echo" / "1" / "model.py").write_text(HEADER + textwrap.dedent(SLOW_ECHO))
+    (tmp_path / "slow_echo" / "config.pbtxt").write_text('name: "slow_echo"\n' + IDENTITY_CONFIG)
+    with ModelRepository(tmp_path) as repo, repo.load("slow_echo", isolated=False) as model:
+        first = model.infer_async({"IN": np.array([-1], np.int32)})
+        caller = np.array([1, 2], np.int32)
+        second = model.infer_async({"IN": caller})
+        caller[:] = 7
+        assert second.result(timeout=30)["OUT"].tolist() == [1, 2]
+        assert first.result(timeout=30)["OUT"].tolist() == [-1]
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["copied", "shared"])
+def test_requested_outputs_take_the_array_path(share: bool) -> None:
+    """Arrays that match the configuration become the request's tensors at once whether or
+    not the caller names outputs (tritonclient usually does); the outputs, their order and
+    the errors are those of the full validation."""
+    a = np.arange(4, dtype=np.float32)
+    b = np.ones(4, dtype=np.float32)
+    inputs = {"INPUT0": a, "INPUT1": b}
+    with ModelRepository(EXAMPLES, share_inputs=share) as repo, repo.load(
+        "add_sub", isolated=False
+    ) as model:
+        data = model._request(inputs, ("OUTPUT1", "OUTPUT0", "OUTPUT1"), None, 0, 0, "")
+        assert data.validated
+        assert data.delivered
+        assert data.requested_outputs == ["OUTPUT1", "OUTPUT0"]
+        assert np.shares_memory(data.inputs[0].as_numpy(), a) is share
+        out = model.infer(inputs, requested_outputs=["OUTPUT1"])
+        assert list(out) == ["OUTPUT1"]
+        assert out["OUTPUT1"].tolist() == (a - b).tolist()
+        out = model.infer(inputs, requested_outputs=iter(["OUTPUT1", "OUTPUT0"]))
+        assert sorted(out) == ["OUTPUT0", "OUTPUT1"]
+        for requested in (["OUTPUT0", "X"], "OUTPUT0"):
+            with pytest.raises(InferenceError) as info:
+                model.infer(inputs, requested_outputs=requested)
+            bad = "X" if requested != "OUTPUT0" else "O"
+            assert info.value.message() == (
+                f"unexpected inference output '{bad}' for model 'add_sub'"
+            )
+        assert model.statistics()["inference_stats"]["fail"]["count"] == 2

@@ -15,6 +15,7 @@ import pytest
 from upstream_models import PYTHON_MODELS, repository
 
 from pb_tensor.runtime import InferenceError, ModelLoadError, ModelRepository
+from pb_tensor.runtime._scheduling._stats import Statistics
 
 _MODEL = '''
 import json, os, time
@@ -201,6 +202,25 @@ def test_statistics_without_batcher(tmp_path: Path) -> None:
     ]
     assert stats["response_stats"] == {}
     assert stats["memory_usage"] == []
+
+
+@pytest.mark.parametrize("failed", [False, True], ids=["success", "failure"])
+def test_statistics_of_one_request_as_of_a_batch(failed: bool) -> None:
+    """``one_request`` (the in-process path's single call) records what ``execution`` and
+    then ``success`` / ``failure`` record for a batch of one."""
+    one, pair = Statistics(), Statistics()
+    for start, exec_start, end, size in ((100, 250, 1000, 1), (2000, 2000, 2600, 4)):
+        one.one_request(size, failed, start, exec_start, end)
+        pair.execution(size, exec_start, exec_start, end, end)
+        if failed:
+            pair.failure(start, end)
+        else:
+            pair.success(size, start, exec_start, exec_start, end, end, end)
+    got, want = one.entry("m", 1), pair.entry("m", 1)
+    assert got["last_inference"] > 0
+    assert abs(got.pop("last_inference") - want.pop("last_inference")) < 60_000
+    assert got == want
+    assert got["inference_stats"]["fail" if failed else "success"]["count"] == 2
 
 
 # -- BLS to itself ---------------------------------------------------------------------------

@@ -106,6 +106,10 @@ class RequestData:
     # (same data, other names: an ensemble's step outputs feeding the next step); the stub
     # names them as ``inputs`` are named, so that nothing is copied on the way.
     pooled: list[Tensor] | None = None
+    # True when ``inputs`` are already as an in-process engine hands them to the model (its
+    # own copies of the caller's arrays where it copies them, as Triton does; no BYTES to
+    # convert): the engine takes them as they are.
+    delivered: bool = False
 
 
 Sink = Callable[[int, InferenceResponse | None, int], None]

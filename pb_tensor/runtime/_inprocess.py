@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from pb_tensor import TritonDtype
 from pb_tensor.runtime._engines import Cancels
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import HostInfo, ModelHost, RequestData
@@ -26,14 +27,21 @@ from pb_tensor.runtime._values import as_delivered
 
 __all__ = ["InProcessEngine"]
 
+_BYTES = TritonDtype.TYPE_BYTES
+
 
 def _reply_from(index: int, response: InferenceResponse | None, flags: int) -> Reply:
     if response is None:
         return Reply(index, [], None, "{}", flags, False)
     err = response.error()
     error = None if err is None else InferenceError(err.message(), int(err.code()))
-    # BYTES as bytes, as a stub's responses arrive (a model may have built them from str).
-    tensors = as_delivered(response.output_tensors())
+    tensors = response.output_tensors()
+    for tensor in tensors:
+        if tensor.dtype is _BYTES:
+            # BYTES as bytes, as a stub's responses arrive (a model may have built them
+            # from str).
+            tensors = as_delivered(tensors)
+            break
     return Reply(index, tensors, error, response.parameters(), flags, True)
 
 
@@ -87,6 +95,9 @@ class InProcessEngine:
     def __init__(self, info: HostInfo, cls: type, backend: ModelBackend) -> None:
         self.host = ModelHost(info, cls, backend)
         self.host.initialize()
+        # Read by every run: the host's info does not change.
+        self._copy = not info.share_inputs
+        self._decoupled = info.decoupled
 
     @property
     def pid(self) -> int | None:
@@ -100,19 +111,21 @@ class InProcessEngine:
         """The replies of ``batch`` (``on_sent`` is called before it runs)."""
         if on_sent is not None:
             on_sent()
-        copy = not self.host.info.share_inputs
+        copy = self._copy
         for data in batch:
-            data.inputs = as_delivered(data.inputs, copy=copy)
-        if self.host.info.decoupled:
+            if not data.delivered:
+                data.inputs = as_delivered(data.inputs, copy=copy)
+        if self._decoupled:
             return self._run_decoupled(batch, timeout, cancel, returned)
         # Every response but those sent after execute returned arrives before it returns:
         # the replies are a list.
         events: queue.SimpleQueue[Event | _Returned] = queue.SimpleQueue()
         cancelled: set[int] = set()
-        built = self.host.build_requests(
+        host = self.host
+        built = host.build_requests(
             batch, lambda i, r, f: events.put((i, r, f)), _checker(cancel, cancelled)
         )
-        error = self.host.execute(built)
+        error = host.execute(built)
         sent = _queued(events)
         replies: list[Reply]
         if error is None and len(sent) == len(batch):
@@ -229,10 +242,10 @@ class InProcessEngine:
 def _queued(events: queue.SimpleQueue[Event | _Returned]) -> list[Event]:
     """The responses in ``events`` now (a non-decoupled run's queue holds nothing else)."""
     out: list[Event] = []
-    while True:
-        try:
-            item = events.get_nowait()
-        except queue.Empty:
-            return out
+    # Only this thread takes from the queue: an item seen by empty() is there for
+    # get_nowait() (which would raise Empty, at a cost, once it is drained).
+    while not events.empty():
+        item = events.get_nowait()
         if not isinstance(item, _Returned):
             out.append(item)
+    return out

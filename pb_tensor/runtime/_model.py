@@ -30,7 +30,12 @@ from pb_tensor.runtime._seam import (
     TritonError,
 )
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply
-from pb_tensor.runtime._validate import ModelSpec, array_tensors, validate_request
+from pb_tensor.runtime._validate import (
+    ModelSpec,
+    array_tensors,
+    known_outputs,
+    validate_request,
+)
 from pb_tensor.runtime._values import InputValue, Outputs, ParameterValue, outputs_of, to_tensor
 
 if TYPE_CHECKING:
@@ -80,13 +85,23 @@ class LoadedModel:
         self._instances: list[Instance] = []
         self._lock = threading.Lock()
         self._stub_bls = StubBls(self.bls_data_replies)
+        self._in_process = False
+        self._copy_inputs = False
         self._input_dtypes: dict[str, Any] = {}
         for io in spec.inputs:
             if io.dtype != TritonDtype.TYPE_BYTES:
                 self._input_dtypes[io.name] = triton_to_numpy_type(io.dtype)
 
     def _attach(self, instances: list[Instance]) -> None:
-        eager = isinstance(instances[0].engine, InProcessEngine) and not self._decoupled
+        engine = instances[0].engine
+        eager = isinstance(engine, InProcessEngine) and not self._decoupled
+        # In-process models receive copies of the caller's arrays (as Triton's do, through
+        # its shared memory): _request makes them where it makes the tensors anyway, and
+        # marks tensors it made as the engine would deliver them.
+        self._in_process = isinstance(engine, InProcessEngine)
+        self._copy_inputs = (
+            isinstance(engine, InProcessEngine) and not engine.host.info.share_inputs
+        )
         self._instances = instances
         self._scheduler = Scheduler(self._name, self._config, instances, eager,
                                     self._decoupled)  # fmt: skip
@@ -172,16 +187,21 @@ class LoadedModel:
         if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise TypeError(f"inputs must be a mapping of names to values, not {type(inputs)}")
         params = json.dumps(dict(parameters)) if parameters else "{}"
-        if not requested_outputs:
+        spec = self._spec
+        requested = list(requested_outputs) if requested_outputs else []
+        wanted = known_outputs(spec, requested) if requested else spec.output_names
+        if wanted is not None:
             # Numpy arrays that already match the configuration: validated as they become
-            # tensors, as validate_request would find them.
-            tensors = array_tensors(self._spec, inputs)
+            # tensors, as validate_request would find them. Numeric only (no BYTES to
+            # convert), copied when the model's inputs are copies: what an in-process engine
+            # delivers.
+            tensors = array_tensors(spec, inputs, self._copy_inputs)
             if tensors is not None:
-                return RequestData(tensors, self._spec.output_names, request_id,
-                                   correlation_id, flags, params, 0, True)  # fmt: skip
+                return RequestData(tensors, wanted, request_id, correlation_id, flags, params,
+                                   0, True, delivered=self._in_process)  # fmt: skip
         return RequestData(
             [to_tensor(n, v, self._input_dtypes.get(n)) for n, v in inputs.items()],
-            list(requested_outputs or ()),
+            requested,
             request_id,
             correlation_id,
             flags,
@@ -196,6 +216,14 @@ class LoadedModel:
         when the engine's run completes them all at once, else a generator. ``cancel``: the
         caller's cancellation of the batch (a batch cancelled while queued does not run)."""
         start_ns = time.monotonic_ns()
+        scheduler = self._scheduler
+        if (
+            len(batch) == 1 and scheduler is not None and batch[0].validated
+            and type(batch[0].correlation_id) is int and not self._isolated
+        ):  # fmt: skip
+            # One valid request, which none of the checks below could refuse: straight on.
+            return scheduler.run(batch, [0], self._timeout if timeout is None else timeout,
+                                 cancel, start_ns, priority)  # fmt: skip
         early: list[Reply] = []
         valid: list[RequestData] = []
         where: list[int] = []

@@ -17,6 +17,22 @@ from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, ModelBa
 __all__ = ["ExecuteOnlyBls", "ModelCode", "model_argv"]
 
 
+class _Argv:
+    """The process's ``sys.argv`` swap: how many model calls run, and the host's ``argv``
+    while they do. An instance, not class attributes: assigning a class attribute
+    invalidates the class's attribute caches, on every model call."""
+
+    __slots__ = ("lock", "saved", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.saved: list[str] | None = None
+
+
+_ARGV = _Argv()
+
+
 class ModelCode:
     """What Triton's stub gives model code while it runs (a class, not a generator: it wraps
     every ``execute``). ``sys.argv`` is ``['']``, as in the stub's interpreter started without
@@ -28,10 +44,6 @@ class ModelCode:
 
     __slots__ = ("_bf16", "_extras", "_extras_token", "_token")
 
-    _lock = threading.Lock()
-    _users = 0
-    _saved: list[str] | None = None
-
     def __init__(self, bf16: bool | None = None, extras: bool | None = None) -> None:
         self._bf16 = bf16
         self._extras = extras
@@ -39,12 +51,12 @@ class ModelCode:
         self._extras_token: contextvars.Token[bool | None] | None = None
 
     def __enter__(self) -> None:
-        cls = ModelCode
-        with cls._lock:
-            if cls._users == 0:
-                cls._saved = getattr(sys, "argv", None)
+        argv = _ARGV
+        with argv.lock:
+            if argv.users == 0:
+                argv.saved = getattr(sys, "argv", None)
                 sys.argv = [""]
-            cls._users += 1
+            argv.users += 1
         if self._bf16 is not None:
             self._token = bf16_numpy_context(self._bf16)
         if self._extras is not None:
@@ -57,15 +69,15 @@ class ModelCode:
         if self._token is not None:
             reset_bf16_numpy_context(self._token)
             self._token = None
-        cls = ModelCode
-        with cls._lock:
-            cls._users -= 1
-            if cls._users == 0:
-                if cls._saved is None:
+        argv = _ARGV
+        with argv.lock:
+            argv.users -= 1
+            if argv.users == 0:
+                if argv.saved is None:
                     del sys.argv
                 else:
-                    sys.argv = cls._saved
-                cls._saved = None
+                    sys.argv = argv.saved
+                argv.saved = None
 
 
 def model_argv() -> contextlib.AbstractContextManager[None]:

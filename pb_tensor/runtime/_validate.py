@@ -17,7 +17,14 @@ from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._seam import TritonError
 
-__all__ = ["IOSpec", "ModelSpec", "array_tensors", "arrays_ok", "validate_request"]
+__all__ = [
+    "IOSpec",
+    "ModelSpec",
+    "array_tensors",
+    "arrays_ok",
+    "known_outputs",
+    "validate_request",
+]
 
 _WILDCARD = -1
 _from_dlpack = Tensor.from_dlpack
@@ -48,6 +55,7 @@ class ModelSpec:
     )
     all_required: bool = field(init=False, repr=False, compare=False)
     output_list: list[str] = field(init=False, repr=False, compare=False)
+    output_set: frozenset[str] = field(init=False, repr=False, compare=False)
     # name -> (numpy dtype, rank, ((position, size), ...) of the fixed dims): what arrays_ok
     # reads; None when some input is optional or has no numpy type an array can carry as is.
     array_table: dict[str, tuple[np.dtype[Any], int, tuple[tuple[int, int], ...]]] | None = (
@@ -75,6 +83,7 @@ class ModelSpec:
         object.__setattr__(self, "table", table)
         object.__setattr__(self, "all_required", not any(i.optional for i in self.inputs))
         object.__setattr__(self, "output_list", [o.name for o in self.outputs])
+        object.__setattr__(self, "output_set", frozenset(self.output_list))
         object.__setattr__(self, "array_table", _array_table(self))
 
     @property
@@ -103,7 +112,9 @@ def _array_table(
     return table
 
 
-def array_tensors(spec: ModelSpec, inputs: Mapping[str, object]) -> list[Tensor] | None:
+def array_tensors(
+    spec: ModelSpec, inputs: Mapping[str, object], copy: bool = False
+) -> list[Tensor] | None:
     """The inputs as tensors when they are numpy arrays that make a valid request, decided
     with a few lookups per input; None also when unsure (the caller then makes the tensors
     its general way and runs :func:`validate_request`, which finds the error or accepts).
@@ -112,7 +123,9 @@ def array_tensors(spec: ModelSpec, inputs: Mapping[str, object]) -> list[Tensor]
     qualify: their tensors have exactly the configured data type and the arrays' shapes, so
     this accepts nothing :func:`validate_request` would refuse. A C-contiguous array is
     wrapped through ``Tensor.from_dlpack`` (the same zero-copy tensor ``Tensor()`` makes,
-    with fewer checks); ``Tensor()`` copies any other, as upstream does.
+    with fewer checks); ``Tensor()`` copies any other, as upstream does. With ``copy``, each
+    tensor holds a C-contiguous copy of its array instead (what an in-process model that
+    copies its inputs receives), made in one step.
     """
     table = spec.array_table
     if table is None or len(inputs) != len(table):
@@ -138,10 +151,26 @@ def array_tensors(spec: ModelSpec, inputs: Mapping[str, object]) -> list[Tensor]
         for pos, size in entry[2]:
             if shape[pos] != size:
                 return None
-        tensors.append(
-            _from_dlpack(name, value) if value.flags.c_contiguous else Tensor(name, value)
-        )
+        if copy:
+            tensors.append(Tensor(name, value.copy()))
+        else:
+            tensors.append(
+                _from_dlpack(name, value) if value.flags.c_contiguous else Tensor(name, value)
+            )
     return tensors if batch <= limit else None
+
+
+def known_outputs(spec: ModelSpec, requested: Sequence[object]) -> list[str] | None:
+    """The output names a request asking for ``requested`` gets (each once, in the order
+    asked), when every one of them is a configured output's name; None otherwise (then
+    :func:`validate_request` gives the error)."""
+    names = spec.output_set
+    wanted: dict[str, None] = {}
+    for name in requested:
+        if type(name) is not str or name not in names:
+            return None
+        wanted[name] = None
+    return list(wanted)
 
 
 def arrays_ok(spec: ModelSpec, inputs: Mapping[str, object]) -> bool:

@@ -27,7 +27,9 @@ __all__ = [
     "to_tensor",
 ]
 
+# Enum members read through their class cost ~0.1 us each on Python 3.11: once, here.
 _BF16 = TritonDtype.TYPE_BF16
+_BYTES = TritonDtype.TYPE_BYTES
 _BF16_DL = dlpack_ctypes.DataType(dlpack_ctypes.DLDataTypeCode.kDLBfloat, 16, 1)
 
 InputValue = Any
@@ -71,7 +73,7 @@ def to_tensor(name: str, value: InputValue, dtype: Any = None) -> Tensor:
     if isinstance(value, Tensor):
         if value.name() == name:
             return value
-        if value.dtype is TritonDtype.TYPE_BYTES:
+        if value.dtype is _BYTES:
             return Tensor(name, value.as_numpy())  # DLPack carries no strings
         # The same memory under the input's name: GPU and BF16 tensors have no numpy view.
         return Tensor.from_dlpack(name, value)
@@ -110,7 +112,7 @@ def as_delivered(tensors: list[Tensor], *, copy: bool = False) -> list[Tensor]:
     out = tensors
     for i, tensor in enumerate(tensors):
         dtype = tensor.dtype
-        if dtype is TritonDtype.TYPE_BYTES:
+        if dtype is _BYTES:
             array = tensor.as_numpy()
             if array.dtype.kind == "O" and all(type(x) is bytes for x in array.flat):
                 if not copy:
@@ -121,7 +123,7 @@ def as_delivered(tensors: list[Tensor], *, copy: bool = False) -> list[Tensor]:
                 new = Tensor(tensor.name(), wire.reshape(array.shape))
         elif copy and tensor.is_cpu():
             try:
-                array = np.array(tensor.as_numpy())
+                array = tensor.as_numpy().copy()  # C-contiguous, as every tensor's array
             except TritonModelException:  # BF16 without ml_dtypes: nothing to copy it with
                 continue
             new = _bf16_tensor(tensor.name(), array) if dtype is _BF16 else Tensor(
@@ -153,8 +155,10 @@ def outputs_of(reply: Reply) -> Outputs:
         TritonModelException: a GPU tensor and no usable CUDA to copy it, or a BF16 tensor
             without ``ml_dtypes``.
     """
+    out = Outputs()
     try:
-        out = Outputs({t.name(): t.as_numpy() for t in reply.tensors})
+        for t in reply.tensors:
+            out[t.name()] = t.as_numpy()
     except TritonModelException:
         out = Outputs({t.name(): t.to_host().as_numpy() for t in reply.tensors})
     if reply.parameters not in ("{}", ""):

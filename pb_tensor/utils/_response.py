@@ -29,8 +29,12 @@ TRITONSERVER_RESPONSE_COMPLETE_FINAL: Final = 1
 
 
 def _check_tensors(tensors: object, what: str, empty_message: str) -> list[Tensor]:
-    if isinstance(tensors, (list, tuple)) and all(type(t) is Tensor for t in tensors):
-        return list(tensors)  # the common case, without the ABC checks
+    if isinstance(tensors, (list, tuple)):
+        for t in tensors:
+            if type(t) is not Tensor:
+                break
+        else:
+            return list(tensors)  # the common case, without the ABC checks
     if isinstance(tensors, (str, bytes)) or not isinstance(tensors, Sequence):
         raise TypeError(f"{what} must be a list of Tensor, got {type(tensors).__name__}")
     checked = list(tensors)
@@ -101,9 +105,12 @@ def prune_output_tensors(
     response: InferenceResponse, requested_output_names: Collection[str]
 ) -> None:
     """Drop the outputs that were not requested (upstream's ``PruneOutputTensors``)."""
-    response._output_tensors = [
-        t for t in response._output_tensors if t.name() in requested_output_names
-    ]
+    tensors = response._output_tensors
+    for t in tensors:
+        if t.name() not in requested_output_names:
+            response._output_tensors = [t for t in tensors if t.name() in requested_output_names]
+            return
+    # Every output was requested (the usual case): the response's own list stays.
 
 
 class InferenceResponseSender:

@@ -39,7 +39,13 @@ class InstanceSet:
         self._model_name = model_name
         self._all = list(instances)
         self._idle: deque[Instance] = deque(self._all)
-        self._cond = threading.Condition(threading.Lock())
+        # Held directly (``with self._lock``) where threading.Condition's Python-level
+        # __enter__/__exit__ would only add calls; the condition waits on the same lock.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # Threads waiting in acquire(): a release with none of them (and no watcher) skips
+        # Condition.notify(), which costs a Python-level ownership check even then.
+        self._waiting = 0
         self._closed = False
         # The threads reading batches that no longer hold their instance (a decoupled
         # model's execute returned, its responses still come): unloading waits for them.
@@ -83,7 +89,7 @@ class InstanceSet:
         """:meth:`acquire`'s refusal for the current thread if it asked now (after the same
         grace period for a release), else None."""
         grace = time.monotonic() + _SELF_WAIT_GRACE
-        with self._cond:
+        with self._lock:
             while True:
                 refusal = self._self_wait()
                 now = time.monotonic()
@@ -99,7 +105,7 @@ class InstanceSet:
             InferenceError: UNAVAILABLE, every instance is used by this thread's requests.
         """
         grace: float | None = None
-        with self._cond:
+        with self._lock:
             while not self._closed:
                 if self._idle:
                     instance = self._idle.popleft()
@@ -107,7 +113,11 @@ class InstanceSet:
                     return instance
                 refusal = self._self_wait()
                 if refusal is None:
-                    self._cond.wait()
+                    self._waiting += 1
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._waiting -= 1
                     continue
                 # An instance this thread's own request holds may still come free without
                 # it: an in-process decoupled execute runs, and returns, on a thread of its
@@ -126,7 +136,7 @@ class InstanceSet:
         """Wait until ``instance`` is idle and use it (to ask its stub something between
         requests): True (release it after), False when the current thread's own request
         uses it (shared: nothing to release), None once the model is unloaded."""
-        with self._cond:
+        with self._lock:
             while not self._closed:
                 if instance.owner is not None and acts_for(instance.owner):
                     return False
@@ -148,19 +158,19 @@ class InstanceSet:
 
     def release(self, instance: Instance) -> None:
         """``instance`` is idle again."""
-        with self._cond:
+        with self._lock:
             instance.owner = None
             self._idle.append(instance)
             if self._watchers or self._closed:
                 self._cond.notify_all()
-            else:
+            elif self._waiting:
                 self._cond.notify()
 
     def detach(self, instance: Instance) -> int:
         """``instance`` is idle again while its user (the thread that took it) still reads
         its batch's replies (Triton's instance takes its next batch once ``execute``
         returned); the token for :meth:`finish`."""
-        with self._cond:
+        with self._lock:
             owner = instance.owner if instance.owner is not None else threading.get_ident()
             self._background.append(owner)
             instance.owner = None
@@ -170,7 +180,7 @@ class InstanceSet:
 
     def finish(self, token: int) -> None:
         """The batch :meth:`detach` gave ``token`` for ended."""
-        with self._cond:
+        with self._lock:
             self._background.remove(token)
             self._cond.notify_all()
 
@@ -178,7 +188,7 @@ class InstanceSet:
         """Refuse further requests, wait until every instance is idle and every batch ended
         (but those the current thread's own requests use), and give them all, for
         stopping."""
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._cond.notify_all()
             while any(

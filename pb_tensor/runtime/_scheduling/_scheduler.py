@@ -160,6 +160,10 @@ class Scheduler:
 
     def _record(self, valid: list[RequestData], failed: set[int], start_ns: int,
                 exec_start: int, end: int) -> None:  # fmt: skip
+        if len(valid) == 1:  # the usual case, in one call
+            self.stats.one_request(self.batch_size(valid[0]), 0 in failed, start_ns,
+                                   exec_start, end)  # fmt: skip
+            return
         sizes = [self.batch_size(d) for d in valid]
         self.stats.execution(sum(sizes), exec_start, exec_start, end, end)
         for i, size in enumerate(sizes):

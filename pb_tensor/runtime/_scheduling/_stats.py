@@ -89,6 +89,32 @@ class Statistics:
             self._compute_infer += compute_end - compute_start
             self._compute_output += exec_end - compute_end
 
+    def one_request(
+        self, batch_size: int, failed: bool, request_start: int, exec_start: int, exec_end: int
+    ) -> None:
+        """An ``execute`` call of one request, and that request's success or failure: what
+        :meth:`execution` and then :meth:`success` (or :meth:`failure`) record for a batch of
+        one whose compute spans the whole execution, under one lock acquisition."""
+        now_ms = time.time_ns() // 1_000_000
+        infer_ns = exec_end - exec_start
+        with self._lock:
+            self._execution_count += 1
+            self._last_inference_ms = max(self._last_inference_ms, now_ms)
+            entry = self._batches.get(batch_size)
+            if entry is None:
+                entry = self._batches[batch_size] = [0, 0, 0, 0]
+            entry[0] += 1
+            entry[2] += infer_ns
+            if failed:
+                self._fail_count += 1
+                self._fail_ns += exec_end - request_start
+                return
+            self._inference_count += batch_size
+            self._success_count += 1
+            self._success_ns += exec_end - request_start
+            self._queue_ns += exec_start - request_start
+            self._compute_infer += infer_ns
+
     def failure(self, request_start: int, request_end: int) -> None:
         """A request that failed, whether it was refused before running or its model
         answered with an error (core's ``UpdateFailure``)."""
