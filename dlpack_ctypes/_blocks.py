@@ -451,19 +451,29 @@ def export(
         pack(block, 0, data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2],
              dims, strd, 0, 0, DELETER_ADDRESS, *shape, *strides)
         name = _capi.ADDR_DLTENSOR
+    # The registry entry is undone unless the capsule reached the pending queue (the sweep
+    # then releases it when the caller never got it). A finally clause, not an except one:
+    # CPython 3.10 runs a signal handler on entry to an except clause, so a second
+    # asynchronous exception there skipped the undo and left the entry for ever; a clause
+    # whose first instruction starts a try block is entered without one.
+    queued = False
     try:
         _live[addr] = (block, owner)
         capsule: CapsuleType = _new(addr, name, None)
         _pending.append((capsule, block, addr, name))
+        queued = True  # no handler point since the append returned
         if len(_pending) > SWEEP_LIMIT:
             # Up to SWEEP_LIMIT entries at once when they are released (the usual case: the
             # consumer let go), so the lock and call overhead is paid once per ~64 exports,
             # not once per 4; still at most EXPORT_SWEEP_STEP held capsules examined.
             _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
-    except BaseException:
-        # The capsule never reached the caller, so nobody can have consumed it.
-        _live.pop(addr, None)
-        raise
+    finally:
+        try:
+            if not queued:
+                # The capsule never reached the caller, so nobody can have consumed it.
+                _live.pop(addr, None)
+        finally:
+            pass
     return capsule
 
 
@@ -523,14 +533,18 @@ def export_prepared(
     addr = _addressof(block)
     if ndim:
         _pack_pointers(block, field, addr + head, addr + head + 8 * ndim)
+    queued = False  # the undo of export(), for the same reasons
     try:
         _live[addr] = (block, owner)
         capsule: CapsuleType = _new(addr, name, None)
         _pending.append((capsule, block, addr, name))
+        queued = True
         if len(_pending) > SWEEP_LIMIT:
             _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
-    except BaseException:
-        # The capsule never reached the caller, so nobody can have consumed it.
-        _live.pop(addr, None)
-        raise
+    finally:
+        try:
+            if not queued:
+                _live.pop(addr, None)
+        finally:
+            pass
     return capsule

@@ -130,25 +130,34 @@ def consume(
             ref.ptr = pointer
             tensor._fn = ref
             _OWNED[ref] = _DELETERS.get(deleter) or _deleter_for(deleter)
+            fresh = 0  # owned: no handler point between the registry entry and this
         else:
             tensor._fn = False
-    except BaseException:
-        # Undo this call's claim unless the tensor owns the capsule. A signal handler runs only
-        # at a function's entry, after a call returns or at a backward jump: up to the one
-        # call below (the compare-and-swap itself), this block makes no call, so a second
-        # asynchronous exception cannot cut it short before the undo.
-        if fresh:
-            ref = tensor._fn
-            if ref is None or (ref is not False and ref not in _OWNED):
-                # Only this thread renames to its own used_ strings, so finding one of them in
-                # the field proves that this call's claim succeeded.
+            fresh = 0
+    finally:
+        # Undo this call's claim unless the tensor owns the capsule (fresh is cleared right
+        # after the ownership is recorded). A finally clause whose first instruction starts
+        # a try block, not an except clause: CPython 3.10 runs a signal handler on entry to
+        # an except clause and at every taken forward branch, so a second asynchronous
+        # exception there skipped the undo. Up to the compare-and-swap this path makes no
+        # call and takes no branch (3.11+ run handlers only at calls and backward jumps).
+        try:
+            if fresh:
+                # Undo unless the tensor owns the capsule (an exception raised at `fresh = 0`
+                # itself, as a tracer can, finds the registry entry) and the field holds one
+                # of this thread's used_ strings: only this thread renames to them, so that
+                # proves this call's claim succeeded. `|` and `&` of bools: no branch.
+                ref = tensor._fn
                 current = mem[field:field + _PTR_SIZE]
-                if current == slot[8] or current == slot[9]:
+                if ((ref is None) | ((ref is not False) & (ref not in _OWNED))) & (
+                    (current == slot[8]) | (current == slot[9])
+                ):
                     mem[slot[0]:slot[0] + _PTR_SIZE] = current
                     slot[7].value = fresh
                     slot[3].value = field
                     cas(slot[3], slot[4], slot[7], _SEQ_CST, _SEQ_CST)
-        raise
+        finally:
+            pass
     if _DEAD:
         _release_dead()  # tensors whose finaliser was interrupted
     return tensor

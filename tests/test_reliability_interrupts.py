@@ -114,12 +114,6 @@ CASES = ["consume", "numpy", "foreign"]
 WINDOWS = [(20, 60), (100, 200)]
 
 
-@pytest.mark.skipif(
-    sys.version_info < (3, 11),
-    reason="CPython 3.10 can run a signal handler inside an exception handler's matching and "
-    "between other instructions; about one leak per 30,000 interrupted operations remains there "
-    "(docs/guarantees.md)",
-)
 @pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"{w[0]}-{w[1]}us")
 @pytest.mark.parametrize("case", CASES)
 def test_repeated_interrupts_leak_nothing(
