@@ -262,20 +262,21 @@ class EnsembleModel(LoadedModel):
         """A request to an ensemble without decoupled steps: every step runs once, in an
         order where each step's inputs exist before it runs (any such order gives the
         dataflow's result)."""
-        refused = self._refusal(data)
-        if refused is not None:
-            return refused
+        if not (self._live and data.validated):
+            refused = self._refusal(data)
+            if refused is not None:
+                return refused
         batch_size = self._request_batch(data)
         values: dict[str, Value] = {t.name(): (t, batch_size, None) for t in data.inputs}
         for name in self._optional_inputs:
             values.setdefault(name, (None, batch_size, None))
         pooled_ids: set[int] = set()
         owned = self._owned if data.delivered else frozenset()
+        read = values.__getitem__
         for step in self._ordered:
             if cancel is not None and cancel.cancelled:
                 return self._failed(cancelled_error())
-            request, step_batch = step_request(step, values.__getitem__, pooled_ids, data,
-                                               owned)  # fmt: skip
+            request, step_batch = step_request(step, read, pooled_ids, data, owned)
             got: Reply | None = None
             for reply in step.model._replies([request], timeout, cancel, priority):
                 if got is None and (reply.has_response or reply.error is not None):
@@ -287,8 +288,10 @@ class EnsembleModel(LoadedModel):
                 if got.error is not None:
                     return self._failed(got.error)
                 produced = {t.name(): t for t in got.tensors}
+                parameters = got.parameters
                 try:
-                    override = sequence_override(got.parameters, request.correlation_id)
+                    override = None if parameters == "{}" else sequence_override(
+                        parameters, request.correlation_id)
                 except InferenceError as exc:
                     return self._failed(exc)
             if step.pooled_outputs:

@@ -132,6 +132,12 @@ def load_ensemble(
         checked = known_outputs(model_spec, requested) if requested else None
         # An in-process engine's model (a nested ensemble has none of its own).
         in_process = not model.isolated and not isinstance(model, EnsembleModel)
+        mapped = [k for k, _, _ in inputs]
+        checkable = (
+            checked is not None and model_spec.all_required
+            and len(set(mapped)) == len(mapped) == len(model_spec.table)
+            and all(k in model_spec.table for k in mapped)
+        )  # fmt: skip
         steps.append(Step(
             model,
             batching,
@@ -141,10 +147,11 @@ def load_ensemble(
             model.isolated,
             model.isolated and not isinstance(model, EnsembleModel),
             proven_outputs(spec, model_spec, batching, inputs, requested),
-            model_spec,
             None if checked is None else tuple(checked),
             in_process,
             in_process and model._copy_inputs,
+            tuple(model_spec.table[k][0] for k in mapped) if checkable else None,
+            model_spec.max_batch_size,
         ))  # fmt: skip
     output_dims = {
         o.name: tuple(o.reshape.shape if o.HasField("reshape") else o.dims)

@@ -14,7 +14,6 @@ from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._reshape import renamed
 from pb_tensor.runtime._seam import TritonError
-from pb_tensor.runtime._validate import inputs_valid
 
 if TYPE_CHECKING:
     from pb_tensor.runtime._model import LoadedModel
@@ -59,15 +58,20 @@ class Step:
     # the ensemble accepts gives this step a valid request (see proven_outputs); else None
     # and the step model validates each request as Triton does.
     proven: tuple[str, ...] | None = None
-    # The step model's validation table, and the requested outputs its validation gives
-    # (None: some name is no output of it, and the full validation gives Triton's error).
-    spec: ModelSpec | None = None
+    # The requested outputs the step model's validation gives (None: some name is no output
+    # of it, and the full validation gives Triton's error).
     checked: tuple[str, ...] | None = None
     # The model runs in this process (an in-process engine, not a nested ensemble): the
     # step's request can be made as that engine delivers inputs; ``copies``: it copies them
     # (``share_inputs`` off), as Triton copies every step's inputs into shared memory.
     in_process: bool = False
     copies: bool = False
+    # The step model's data type for each of ``inputs`` when the load proved what else its
+    # validation needs (it has no optional input, the step maps each of its inputs once and
+    # the requested outputs are its own): a request whose inputs have these types, the same
+    # batch size within ``max_batch_size`` and shapes that fit ``dims`` is valid. Else None.
+    checks: tuple[TritonDtype, ...] | None = None
+    max_batch_size: int = 0
 
 
 def _same_dims(config: Sequence[int], shape: Sequence[int]) -> bool:
@@ -208,7 +212,10 @@ def step_request(
     renaming = False
     delivered = step.in_process
     copies = step.copies
-    for model_input, tensor_name, dims in step.inputs:
+    checks = step.checks
+    valid = checks is not None
+    batch = -1
+    for index, (model_input, tensor_name, dims) in enumerate(step.inputs):
         tensor, tensor_batch, override = value(tensor_name)
         if override is not None:
             if overridden and override != (correlation_id, flags):
@@ -220,6 +227,7 @@ def step_request(
                 correlation_id, flags = override
                 overridden = True
         if tensor is None:
+            valid = False  # the step model validates a request missing an input
             continue  # an optional input the request left out
         if step.batching == (tensor_batch != 0):  # no batch dimension to add or strip
             shape = None
@@ -234,17 +242,21 @@ def step_request(
                 reached = have if shape is None else shape
                 if reached:
                     batch_size = reached[0]
+        dtype = tensor.dtype
         if (
             delivered and copies and tensor_name not in owned
-            and tensor.dtype in _PLAIN and tensor.is_cpu()
+            and dtype in _PLAIN and tensor.is_cpu()
         ):  # fmt: skip
             # The step's own copy, named (and shaped) for it: one tensor, where a renaming
             # view and the engine's copy of it made two.
             array = tensor.as_numpy()
-            view = Tensor(model_input, (array if shape is None else array.reshape(shape)).copy())
+            if shape is not None:
+                array = array.reshape(shape)
+            view = Tensor(model_input, array.copy())
+            got: Sequence[int] = array.shape
         else:
             if delivered and (
-                tensor.dtype is _BYTES or (copies and tensor_name not in owned)
+                dtype is _BYTES or (copies and tensor_name not in owned)
             ):  # fmt: skip
                 # The engine delivers this request (a BYTES tensor's wire form; a copy of
                 # a BF16 or device tensor), as it delivers any other.
@@ -253,7 +265,27 @@ def step_request(
                 view = tensor if tensor.name() == model_input else renamed(tensor, model_input)
             else:
                 view = renamed(tensor, model_input, shape)
+            got = view.shape() if valid else ()
         inputs.append(view)
+        if valid and checks is not None:
+            # What validate_request's success path checks (its quick check), with the data
+            # type and shape at hand: a failure leaves the request to the full validation.
+            if dtype is not checks[index]:
+                valid = False
+            else:
+                if step.batching:
+                    if not got or (batch >= 0 and got[0] != batch):
+                        valid = False
+                    else:
+                        batch = got[0]
+                        got = got[1:]
+                if len(got) != len(dims):
+                    valid = False
+                else:
+                    for need, size in zip(dims, got):
+                        if need not in (_WILDCARD, size):
+                            valid = False
+                            break
         if pooled is not None:
             if view is tensor:
                 pooled.append(tensor)
@@ -265,7 +297,7 @@ def step_request(
     requested: Sequence[str]
     if step.proven is not None:
         requested, validated = step.proven, True
-    elif step.checked is not None and step.spec is not None and inputs_valid(step.spec, inputs):
+    elif valid and step.checked is not None and batch <= step.max_batch_size:
         requested, validated = step.checked, True
     else:
         requested, validated = step.requested, False

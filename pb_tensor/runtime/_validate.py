@@ -22,7 +22,6 @@ __all__ = [
     "ModelSpec",
     "array_tensors",
     "arrays_ok",
-    "inputs_valid",
     "known_outputs",
     "validate_request",
 ]
@@ -207,13 +206,6 @@ def _quick_ok(spec: ModelSpec, inputs: Sequence[Tensor]) -> bool:
             if want not in (_WILDCARD, have):
                 return False
     return batch <= spec.max_batch_size
-
-
-def inputs_valid(spec: ModelSpec, inputs: Sequence[Tensor]) -> bool:
-    """Whether :func:`validate_request` accepts ``inputs`` (whatever outputs it asks for
-    that it knows), decided with a few lookups per input; False also when unsure (then
-    :func:`validate_request` finds the error, or accepts)."""
-    return _quick_ok(spec, inputs)
 
 
 def _dims(dims: Sequence[int]) -> str:
