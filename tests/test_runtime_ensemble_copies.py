@@ -183,3 +183,47 @@ def test_with_share_inputs_the_steps_get_the_callers_arrays(tmp_path: Path) -> N
         got = repo.load("alone", isolated=False).infer({"IN": given})
     np.testing.assert_array_equal(got["OUT"], [2, 3, 4])
     np.testing.assert_array_equal(given, [99, 99, 99])
+
+
+KINDS = (
+    """
+    backend: "python"
+    input [ { name: "IN" data_type: TYPE_STRING dims: [ -1 ] } ]
+    output [ { name: "OUT" data_type: TYPE_STRING dims: [ -1 ] } ]
+    """,
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                kinds = np.array([type(v).__name__.encode() for v in x.flat], dtype=object)
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", kinds)]))
+            return out
+    """,
+)
+
+
+@pytest.mark.parametrize("share_inputs", [False, True])
+def test_a_bytes_step_input_arrives_as_bytes(tmp_path: Path, share_inputs: bool) -> None:
+    # str values become the bytes Triton's wire form gives, at the first step and at a step
+    # fed by another step's BYTES output, with or without the copies.
+    root = tmp_path / "models"
+    for name, spec in {
+        "kinds": KINDS,
+        "strings": ('platform: "ensemble"\n'
+                    'input [ { name: "IN" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+                    'output [ { name: "OUT" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
+                    "ensemble_scheduling { step [ "
+                    + step("kinds", {"IN": "IN"}, {"OUT": "k"}) + ", "
+                    + step("kinds", {"IN": "k"}, {"OUT": "OUT"}) + " ] }\n"),
+    }.items():
+        config, code = (spec, None) if isinstance(spec, str) else spec
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
+        if code is not None:
+            (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
+    with ModelRepository(root, share_inputs=share_inputs) as repo:
+        got = repo.load("strings", isolated=False).infer(
+            {"IN": np.array(["a", "b"], dtype=object)})
+    assert list(got["OUT"]) == [b"bytes", b"bytes"]
