@@ -60,6 +60,8 @@ class _Run:
         self.responses = 0
         # ids of the stored tensors that a stub sent (their data is in the pool)
         self.pooled: set[int] = set()
+        # the ensemble inputs a step may take as they are (EnsembleModel._owned)
+        self.owned: frozenset[str] = model._owned if data.delivered else frozenset()
 
     def add(
         self, name: str, tensor: Tensor | None, batch_size: int, override: Override = None
@@ -154,6 +156,25 @@ class EnsembleModel(LoadedModel):
                 self._consumers.setdefault(tensor, []).append(index)
         self._live = True
         self._ordered = [steps[i] for i in dataflow_order(steps, [i.name for i in spec.inputs])]
+        # Triton copies each step's inputs into shared memory, so a step writing into its
+        # inputs changes nothing another step or the caller sees. When every step reading
+        # the ensemble's inputs is an in-process model that copies its inputs, the request
+        # copies the caller's arrays once, as an in-process model's does (_request:
+        # RequestData.delivered), and an ensemble input mapped to exactly one step input
+        # (and no ensemble output) goes to that step as it is: nobody else can see it.
+        # Every other tensor is copied for each step input it feeds.
+        reads: dict[str, int] = {}
+        for step in steps:
+            for _, tensor, _ in step.inputs:
+                reads[tensor] = reads.get(tensor, 0) + 1
+        given = [i.name for i in spec.inputs]
+        readers = [s for s in steps if any(t in given for _, t, _ in s.inputs)]
+        copying = bool(readers) and all(s.copies for s in readers)
+        self._in_process = self._copy_inputs = copying
+        outputs = {o.name for o in spec.outputs}
+        self._owned: frozenset[str] = frozenset(
+            n for n in given if copying and reads.get(n) == 1 and n not in outputs
+        )
 
     @property
     def composing_models(self) -> list[LoadedModel]:
@@ -241,18 +262,21 @@ class EnsembleModel(LoadedModel):
         """A request to an ensemble without decoupled steps: every step runs once, in an
         order where each step's inputs exist before it runs (any such order gives the
         dataflow's result)."""
-        refused = self._refusal(data)
-        if refused is not None:
-            return refused
+        if not (self._live and data.validated):
+            refused = self._refusal(data)
+            if refused is not None:
+                return refused
         batch_size = self._request_batch(data)
         values: dict[str, Value] = {t.name(): (t, batch_size, None) for t in data.inputs}
         for name in self._optional_inputs:
             values.setdefault(name, (None, batch_size, None))
         pooled_ids: set[int] = set()
+        owned = self._owned if data.delivered else frozenset()
+        read = values.__getitem__
         for step in self._ordered:
             if cancel is not None and cancel.cancelled:
                 return self._failed(cancelled_error())
-            request, step_batch = step_request(step, values.__getitem__, pooled_ids, data)
+            request, step_batch = step_request(step, read, pooled_ids, data, owned)
             got: Reply | None = None
             for reply in step.model._replies([request], timeout, cancel, priority):
                 if got is None and (reply.has_response or reply.error is not None):
@@ -264,8 +288,10 @@ class EnsembleModel(LoadedModel):
                 if got.error is not None:
                     return self._failed(got.error)
                 produced = {t.name(): t for t in got.tensors}
+                parameters = got.parameters
                 try:
-                    override = sequence_override(got.parameters, request.correlation_id)
+                    override = None if parameters == "{}" else sequence_override(
+                        parameters, request.correlation_id)
                 except InferenceError as exc:
                     return self._failed(exc)
             if step.pooled_outputs:

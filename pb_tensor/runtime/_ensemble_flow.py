@@ -37,6 +37,7 @@ class RunState(Protocol):
     priority: int
     values: dict[str, dict[int, Value]]
     pooled: set[int]
+    owned: frozenset[str]
     error: InferenceError | None
 
     def add(
@@ -141,7 +142,7 @@ class Flow:
         for index, iteration in run.ready_steps(updated):
             step = self._steps[index]
             read = functools.partial(_value_of, run.values, iteration=iteration)
-            request, batch_size = step_request(step, read, run.pooled, run.data)
+            request, batch_size = step_request(step, read, run.pooled, run.data, run.owned)
             run.release((t for _, t, _ in step.inputs), iteration)
             launches.append((index, step, request, batch_size))
         return launches

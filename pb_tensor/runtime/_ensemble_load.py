@@ -19,7 +19,7 @@ from pb_tensor.runtime._ensemble_validate import (
 )
 from pb_tensor.runtime._errors import ModelLoadError
 from pb_tensor.runtime._model import LoadedModel
-from pb_tensor.runtime._validate import ModelSpec
+from pb_tensor.runtime._validate import ModelSpec, known_outputs
 
 if TYPE_CHECKING:
     from pb_tensor.runtime._repository import ModelRepository
@@ -128,6 +128,16 @@ def load_ensemble(
         batching = model_config.max_batch_size > 0
         inputs = tuple((k, v, dims[k]) for k, v in step.input_map.items())
         requested = tuple(step.output_map)
+        model_spec = ModelSpec.from_config(model_config)
+        checked = known_outputs(model_spec, requested) if requested else None
+        # An in-process engine's model (a nested ensemble has none of its own).
+        in_process = not model.isolated and not isinstance(model, EnsembleModel)
+        mapped = [k for k, _, _ in inputs]
+        checkable = (
+            checked is not None and model_spec.all_required
+            and len(set(mapped)) == len(mapped) == len(model_spec.table)
+            and all(k in model_spec.table for k in mapped)
+        )  # fmt: skip
         steps.append(Step(
             model,
             batching,
@@ -136,8 +146,12 @@ def load_ensemble(
             requested,
             model.isolated,
             model.isolated and not isinstance(model, EnsembleModel),
-            proven_outputs(spec, ModelSpec.from_config(model_config), batching, inputs,
-                           requested),
+            proven_outputs(spec, model_spec, batching, inputs, requested),
+            None if checked is None else tuple(checked),
+            in_process,
+            in_process and model._copy_inputs,
+            tuple(model_spec.table[k][0] for k in mapped) if checkable else None,
+            model_spec.max_batch_size,
         ))  # fmt: skip
     output_dims = {
         o.name: tuple(o.reshape.shape if o.HasField("reshape") else o.dims)

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pb_tensor import Tensor
+from pb_tensor import Tensor, TritonDtype
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._reshape import renamed
@@ -27,6 +27,12 @@ log = logging.getLogger("pb_tensor.runtime")
 _WILDCARD = -1
 _SEQUENCE_START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 _SEQUENCE_END = 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+# Data types whose host tensors are plain numpy arrays an in-process engine takes as they are
+# (BYTES needs the wire form's conversion, BF16 has no numpy type): a step's copies of these
+# are made here, already named for the step.
+_PLAIN = frozenset(TritonDtype) - {TritonDtype.TYPE_BF16, TritonDtype.TYPE_BYTES,
+                                   TritonDtype.TYPE_INVALID}
+_BYTES = TritonDtype.TYPE_BYTES
 
 Override = tuple[int | str, int] | None
 """The correlation id and flags a step's response parameters set for the steps its outputs
@@ -52,6 +58,20 @@ class Step:
     # the ensemble accepts gives this step a valid request (see proven_outputs); else None
     # and the step model validates each request as Triton does.
     proven: tuple[str, ...] | None = None
+    # The requested outputs the step model's validation gives (None: some name is no output
+    # of it, and the full validation gives Triton's error).
+    checked: tuple[str, ...] | None = None
+    # The model runs in this process (an in-process engine, not a nested ensemble): the
+    # step's request can be made as that engine delivers inputs; ``copies``: it copies them
+    # (``share_inputs`` off), as Triton copies every step's inputs into shared memory.
+    in_process: bool = False
+    copies: bool = False
+    # The step model's data type for each of ``inputs`` when the load proved what else its
+    # validation needs (it has no optional input, the step maps each of its inputs once and
+    # the requested outputs are its own): a request whose inputs have these types, the same
+    # batch size within ``max_batch_size`` and shapes that fit ``dims`` is valid. Else None.
+    checks: tuple[TritonDtype, ...] | None = None
+    max_batch_size: int = 0
 
 
 def _same_dims(config: Sequence[int], shape: Sequence[int]) -> bool:
@@ -163,9 +183,24 @@ def step_request(
     value: Callable[[str], Value],
     pooled_ids: set[int],
     data: RequestData,
+    owned: Set[str] = frozenset(),
 ) -> tuple[RequestData, int]:
     """Core's ``InitStep``: the request of ``step`` (``value(tensor)``: an ensemble tensor's
-    value), and its batch size."""
+    value), and its batch size.
+
+    For a model in this process the request is made as its engine delivers inputs: each host
+    tensor of a plain numeric type is copied here, once, under the step's input name (what
+    the engine would otherwise do after a renaming view), except the ensemble tensors in
+    ``owned``: copies the ensemble request made of the caller's arrays that this step alone
+    reads (see ``EnsembleModel``), which need no second copy. A BYTES, BF16 or device tensor
+    leaves the request to the engine's own delivery, as before. The step's request is marked
+    validated when the ensemble's validation proved it (``Step.proven``) or its inputs pass
+    the quick check of the step model's configuration; anything else is validated in full by
+    the step model, with Triton's messages.
+
+    Raises:
+        TritonModelException: a tensor cannot be given the step's name or shape.
+    """
     inputs = []
     batch_size = 0
     correlation_id = data.correlation_id
@@ -175,7 +210,12 @@ def step_request(
     # names them itself (nothing copied); a reshape needs a new record.
     pooled: list[Tensor] | None = [] if step.pooled_inputs else None
     renaming = False
-    for model_input, tensor_name, dims in step.inputs:
+    delivered = step.in_process
+    copies = step.copies
+    checks = step.checks
+    valid = checks is not None
+    batch = -1
+    for index, (model_input, tensor_name, dims) in enumerate(step.inputs):
         tensor, tensor_batch, override = value(tensor_name)
         if override is not None:
             if overridden and override != (correlation_id, flags):
@@ -187,31 +227,82 @@ def step_request(
                 correlation_id, flags = override
                 overridden = True
         if tensor is None:
+            valid = False  # the step model validates a request missing an input
             continue  # an optional input the request left out
         if step.batching == (tensor_batch != 0):  # no batch dimension to add or strip
-            same_shape = True
+            shape = None
             if step.batching and not batch_size:
                 batch_size = tensor_batch
-            view = tensor if tensor.name() == model_input else renamed(tensor, model_input)
         else:
             have = tuple(tensor.shape())
             shape = reshaped(dims, step.batching, tensor_batch, have)
-            same_shape = shape == have
-            if step.batching and shape and not batch_size:
-                batch_size = shape[0]
-            view = renamed(tensor, model_input, shape)
+            if shape == have:
+                shape = None
+            if step.batching and not batch_size:
+                reached = have if shape is None else shape
+                if reached:
+                    batch_size = reached[0]
+        dtype = tensor.dtype
+        if (
+            delivered and copies and tensor_name not in owned
+            and dtype in _PLAIN and tensor.is_cpu()
+        ):  # fmt: skip
+            # The step's own copy, named (and shaped) for it: one tensor, where a renaming
+            # view and the engine's copy of it made two.
+            array = tensor.as_numpy()
+            if shape is not None:
+                array = array.reshape(shape)
+            view = Tensor(model_input, array.copy())
+            got: Sequence[int] = array.shape
+        else:
+            if delivered and (
+                dtype is _BYTES or (copies and tensor_name not in owned)
+            ):  # fmt: skip
+                # The engine delivers this request (a BYTES tensor's wire form; a copy of
+                # a BF16 or device tensor), as it delivers any other.
+                delivered = False
+            if shape is None:
+                view = tensor if tensor.name() == model_input else renamed(tensor, model_input)
+            else:
+                view = renamed(tensor, model_input, shape)
+            got = view.shape() if valid else ()
         inputs.append(view)
+        if valid and checks is not None:
+            # What validate_request's success path checks (its quick check), with the data
+            # type and shape at hand: a failure leaves the request to the full validation.
+            if dtype is not checks[index]:
+                valid = False
+            else:
+                if step.batching:
+                    if not got or (batch >= 0 and got[0] != batch):
+                        valid = False
+                    else:
+                        batch = got[0]
+                        got = got[1:]
+                if len(got) != len(dims):
+                    valid = False
+                else:
+                    for need, size in zip(dims, got):
+                        if need not in (_WILDCARD, size):
+                            valid = False
+                            break
         if pooled is not None:
             if view is tensor:
                 pooled.append(tensor)
-            elif same_shape and id(tensor) in pooled_ids:
+            elif shape is None and id(tensor) in pooled_ids:
                 pooled.append(tensor)
                 renaming = True
             else:
                 pooled = None
-    proven = step.proven
-    request = RequestData(inputs, list(step.requested if proven is None else proven),
-                          data.request_id, correlation_id, flags, data.parameters,
-                          data.timeout_us, proven is not None,
-                          pooled=pooled if renaming else None)  # fmt: skip
+    requested: Sequence[str]
+    if step.proven is not None:
+        requested, validated = step.proven, True
+    elif valid and step.checked is not None and batch <= step.max_batch_size:
+        requested, validated = step.checked, True
+    else:
+        requested, validated = step.requested, False
+    request = RequestData(inputs, list(requested), data.request_id, correlation_id, flags,
+                          data.parameters, data.timeout_us, validated,
+                          pooled=pooled if renaming else None,
+                          delivered=delivered)  # fmt: skip
     return request, batch_size
