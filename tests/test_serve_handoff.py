@@ -14,6 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+# serve's core reaches the model runtime, which reads config.pbtxt with protobuf (the
+# [runtime] extra); the numpy-only checks have neither.
+pytest.importorskip("google.protobuf")
+
 from pb_tensor.serve._core import Core, Options
 from pb_tensor.serve._handoff import Handoff, await_future
 
