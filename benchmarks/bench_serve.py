@@ -22,7 +22,9 @@ KServe and MLServer run from the Python interpreters given with ``--kserve-pytho
 a line saying so.
 
 Usage: ``python benchmarks/bench_serve.py [--quick] [--kserve-python PY]
-[--mlserver-python PY]`` (needs the serve extra).
+[--mlserver-python PY] [--servers NAMES] [--protocols NAMES] [--no-big]`` (needs the serve
+extra); ``--servers`` / ``--protocols`` (comma-separated) run only those rows of the
+add_sub table, ``--no-big`` leaves out the 64 MiB transfer.
 """
 
 from __future__ import annotations
@@ -358,10 +360,15 @@ def _identity_check(n: int) -> Callable[[bytes | bytearray], None]:
     return check
 
 
-def _start_peers(args: argparse.Namespace) -> dict[str, Server]:
+_SERVERS = ("in-process", "inline", "stub", "KServe", "MLServer", "grpc floor")
+
+
+def _start_peers(args: argparse.Namespace, wanted: set[str]) -> dict[str, Server]:
     peers: dict[str, Server] = {}
     for name, cls, python, module in (("KServe", KServe, args.kserve_python, "kserve"),
                                       ("MLServer", MLServer, args.mlserver_python, "mlserver")):
+        if name not in wanted:
+            continue
         if not _has_module(python, module):
             print(f"{name}: skipped, `{module}` is not installed for {python} (pass "
                   f"--{name.lower()}-python)")
@@ -383,11 +390,13 @@ def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float], 
         return max(r[0] for r in results[(mode, proto, conc)])
 
     if "KServe" not in servers:
-        print("targets against KServe: not measured (KServe not installed)")
+        print("targets against KServe: not measured (KServe not installed or not run)")
         return
     for mode, want in (("in-process", 2.0), ("stub", 1.0)):
         for proto in ("HTTP", "gRPC"):
             for conc in (1, 16):
+                if (mode, proto, conc) not in results:
+                    continue
                 ratio = rate(mode, proto, conc) / rate("KServe", proto, conc)
                 print(f"target {mode} >= {want:.0f}x KServe, {proto}, {conc:>2} clients: "
                       f"{ratio:.2f}x {_verdict(ratio >= want)}")
@@ -452,19 +461,33 @@ def main() -> None:
                         help="a Python with kserve installed (default: this one)")
     parser.add_argument("--mlserver-python", default=sys.executable,
                         help="a Python with mlserver installed (default: this one)")
+    parser.add_argument("--servers", default=",".join(_SERVERS),
+                        help="comma-separated servers of the add_sub table (default: all: "
+                        f"{','.join(_SERVERS)})")
+    parser.add_argument("--protocols", default="HTTP,gRPC",
+                        help="comma-separated protocols of the add_sub table (default: "
+                        "HTTP,gRPC)")
+    parser.add_argument("--no-big", action="store_true", help="leave out the 64 MiB transfer")
     args = parser.parse_args()
+    wanted = set(args.servers.split(","))
+    protocols = set(args.protocols.split(","))
+    if not wanted <= set(_SERVERS) or not protocols <= {"HTTP", "gRPC"}:
+        parser.error(f"--servers takes {','.join(_SERVERS)}; --protocols takes HTTP,gRPC")
     requests = 400 if args.quick else 3000
     rounds = 2 if args.quick else 3
-    servers: dict[str, Server] = {
-        "in-process": Serve("--in-process"),
+    own: dict[str, Callable[[], Server]] = {
+        "in-process": lambda: Serve("--in-process"),
         # The opt-in (quick models on the event loop's thread): shown, not a target row.
-        "inline": Serve("--in-process", "--inline-quick-models"),
-        "stub": Serve(),
+        "inline": lambda: Serve("--in-process", "--inline-quick-models"),
+        "stub": Serve,
     }
+    servers: dict[str, Server] = {name: start() for name, start in own.items()
+                                  if name in wanted}
     results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]] = {}
     try:
-        servers.update(_start_peers(args))
-        servers["grpc floor"] = GrpcFloor()
+        servers.update(_start_peers(args, wanted))
+        if "grpc floor" in wanted and "gRPC" in protocols:
+            servers["grpc floor"] = GrpcFloor()
         binary_body, binary_headers = add_sub_http_body(16)
         json_body, json_headers = _add_sub_json_body(16)
         message, checks = grpc_request(16), {"HTTP": http_check(16), "gRPC": grpc_check(16)}
@@ -472,11 +495,12 @@ def main() -> None:
             for mode, server in servers.items():
                 body, headers = ((binary_body, binary_headers) if server.binary
                                  else (json_body, json_headers))
-                makers = {"gRPC": serve_load.grpc_client(server.grpc, INFER, message)}
-                if server.http:  # not the grpcio floor
+                makers = {}
+                if server.http and "HTTP" in protocols:  # not the grpcio floor
                     makers["HTTP"] = serve_load.http_client(
                         server.http, "/v2/models/add_sub/infer", body, headers)
-                    makers = {"HTTP": makers["HTTP"], "gRPC": makers["gRPC"]}
+                if "gRPC" in protocols:
+                    makers["gRPC"] = serve_load.grpc_client(server.grpc, INFER, message)
                 for concurrency in (1, 16):
                     for proto, make in makers.items():
                         before = server.cpu()
@@ -501,7 +525,8 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.stop()
-    _big_transfer(rounds)
+    if not args.no_big:
+        _big_transfer(rounds)
 
 
 if __name__ == "__main__":

