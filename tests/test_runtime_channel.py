@@ -3,6 +3,7 @@ message, larger and serialized ones in records of their own."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from multiprocessing import Pipe
 
@@ -199,3 +200,26 @@ def test_a_dead_packs_memory_is_never_named(
     _, got, _ = d.recv()
     assert got[0].data_ptr == address  # the freed memory was reused
     assert [t.as_numpy().tolist() for t in got] == [[2.0] * 4, [1]]
+
+
+def test_received_bounds_cover_live_packs_only(
+    chain: tuple[Channel, Channel, Channel, Channel, SharedMemoryPool],
+) -> None:
+    # The senders skip the locked look-up for addresses outside these bounds: they must
+    # cover every live pack, and drop the dead ones (else every address would be looked up).
+    from pb_tensor.runtime._channel import _received
+
+    a, b, _c, _d, pool = chain
+    a.send("out", None, [Tensor("x", np.ones(4, np.float32)), Tensor("w", np.ones(2, np.int8))])
+    _, got, _ = b.recv()
+    lo, hi = _received.bounds
+    for t in got:
+        assert lo <= t.data_ptr
+        assert t.data_ptr + t.byte_size <= hi
+    del got, t
+    b.send("ack")
+    a.recv()
+    gc.collect()  # packs of earlier tests that cycles kept
+    _received.find(0, 0, pool)  # the next look-up drops the dead packs
+    assert len(_received) == 0
+    assert _received.bounds == (0, 0)

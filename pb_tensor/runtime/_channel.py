@@ -66,6 +66,8 @@ _PACKED: dict[int, np.dtype[Any]] = {
     int(t): np.dtype(numpy_dtype_of(t)) for t in TritonDtype
     if t not in (TritonDtype.TYPE_BYTES, TritonDtype.TYPE_BF16, TritonDtype.TYPE_INVALID)
 }  # fmt: skip
+# The same, keyed by the TritonDtype member (what Tensor.dtype gives): its integer value.
+_CODES: dict[TritonDtype, int] = {TritonDtype(code): code for code in _PACKED}
 # A tensor's place in its message: a record's handle, or (name, dtype, shape, offset, k):
 # at ``offset`` in the message's k-th pack (k 0: the pack made for it, if any; others:
 # packs received earlier that the tensor is a view of); dtype: the TritonDtype value.
@@ -89,6 +91,11 @@ class _Received:
         self._entries: dict[int, tuple[weakref.ref[PickleBuffer], int, SharedMemoryPool, int]] = {}
         self._by_ref: dict[int, int] = {}  # id of an entry's weak reference -> its start
         self._dead: list[weakref.ref[PickleBuffer]] = []
+        # (lowest start, highest end) of the entries, read without the lock: an address
+        # outside cannot be in a pack, which spares most tensors (the model's own arrays)
+        # the locked lookup. A pack is registered before any view of it exists, and later
+        # values only drop dead packs, so a stale tuple still covers every live pack.
+        self.bounds = (0, 0)
 
     def add(self, buffer: PickleBuffer, start: int, pool: SharedMemoryPool, nbytes: int,
             handle: int) -> None:
@@ -102,6 +109,7 @@ class _Received:
                 self._by_ref.pop(id(old[0]), None)
             self._entries[start] = (ref, start + nbytes, pool, handle)
             self._by_ref[id(ref)] = start
+            self._bound()
 
     def find(self, address: int, nbytes: int, pool: SharedMemoryPool) -> tuple[int, int] | None:
         """The record handle and offset of the live pack of ``pool`` holding ``nbytes`` at
@@ -121,12 +129,22 @@ class _Received:
 
     def _purge(self) -> None:
         dead = self._dead
+        if not dead:
+            return
         while dead:
             ref = dead.pop()
             start = self._by_ref.pop(id(ref), None)
             if start is not None:
                 del self._entries[start]
                 self._starts.remove(start)
+        self._bound()
+
+    def _bound(self) -> None:
+        starts = self._starts
+        if starts:
+            self.bounds = (starts[0], max(entry[1] for entry in self._entries.values()))
+        else:
+            self.bounds = (0, 0)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -190,24 +208,35 @@ class Channel:
         pool = self.pool
         places: list[_Place] = []
         chunks: list[bytes] = []
+        keep: list[Tensor] = []  # the tensors that keep records of their own
         total = 0
         packed = 0  # tensors copied into the new pack
         shared: dict[int, int] = {}  # record handle of a received pack -> its index in packs
+        # Per tensor, this loop runs for every message both ways (for a batch of small
+        # requests, most of the channel's cost): hoisted look-ups, and the address checked
+        # against the received packs' bounds before the locked look-up.
+        lo, hi = _received.bounds
+        codes = _CODES
         for t in tensors:
-            nbytes = t.byte_size
-            dtype = t.dtype
-            if t.memory_type is not _CPU or dtype not in _PACKED:
+            code = codes.get(t.dtype)
+            if code is None or t.memory_type is not _CPU:
                 places.append(-1)
+                keep.append(t)
                 continue
-            if _received:
-                found = _received.find(t.data_ptr, nbytes, pool)
-                if found is not None and t.as_numpy().flags.c_contiguous:
-                    k = shared.setdefault(found[0], len(shared) + 1)
-                    places.append((t.name(), int(dtype), t.as_numpy().shape, found[1], k))
-                    continue
+            array = t.as_numpy()  # a host numeric tensor's: no copy, cannot fail
+            nbytes = array.nbytes
+            # An array that owns its memory (base None: the model's fresh outputs) is no
+            # view of a pack.
+            if hi and array.base is not None:
+                address = data_pointer(array)
+                if lo <= address < hi:
+                    found = _received.find(address, nbytes, pool)
+                    if found is not None and array.flags.c_contiguous:
+                        k = shared.setdefault(found[0], len(shared) + 1)
+                        places.append((t.name(), code, array.shape, found[1], k))
+                        continue
             if nbytes <= PACK_TENSOR_MAX and total + nbytes <= PACK_MAX:
-                array = t.as_numpy()
-                places.append((t.name(), int(dtype), array.shape, total, 0))
+                places.append((t.name(), code, array.shape, total, 0))
                 # tobytes: C order, in the array's byte order (a tensor's is the native one)
                 chunks.append(array.tobytes())
                 pad = -nbytes % _ALIGN
@@ -217,7 +246,7 @@ class Channel:
                 packed += 1
             else:
                 places.append(-1)
-        keep = [t for t, place in zip(tensors, places) if place == -1]
+                keep.append(t)
         if not shared and packed < 2:  # a pack of one saves nothing: a record each
             keep = list(tensors)
             return [t.save_to_shared_memory(pool) for t in tensors], keep, [0]

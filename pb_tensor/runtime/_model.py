@@ -17,7 +17,7 @@ from pb_tensor.runtime._engines import StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._inprocess import InProcessEngine
-from pb_tensor.runtime._placement import gpu_refusal
+from pb_tensor.runtime._placement import all_host, gpu_refusal
 from pb_tensor.runtime._scheduling import (
     Instance,
     Scheduler,
@@ -219,7 +219,8 @@ class LoadedModel:
         scheduler = self._scheduler
         if (
             len(batch) == 1 and scheduler is not None and batch[0].validated
-            and type(batch[0].correlation_id) is int and not self._isolated
+            and type(batch[0].correlation_id) is int
+            and (not self._isolated or all_host(batch[0].inputs))
         ):  # fmt: skip
             # One valid request, which none of the checks below could refuse: straight on.
             return scheduler.run(batch, [0], self._timeout if timeout is None else timeout,

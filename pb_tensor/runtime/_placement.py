@@ -22,7 +22,7 @@ from pb_tensor import MemoryType, Tensor, TritonDtype
 from pb_tensor.dtypes import triton_to_dlpack
 from pb_tensor.runtime._seam import TRITONSERVER_MEMORY_CPU, PreferredMemory
 
-__all__ = ["gpu_refusal", "place", "to_device"]
+__all__ = ["all_host", "gpu_refusal", "place", "to_device"]
 
 _KDL_CUDA = int(dl.DLDeviceType.kDLCUDA)
 
@@ -80,6 +80,12 @@ def place(tensors: list[Tensor], preferred: PreferredMemory) -> list[Tensor]:
         else to_device(t, device)
         for t in tensors
     ]
+
+
+def all_host(tensors: Iterable[Tensor]) -> bool:
+    """Whether every tensor is in host memory (:func:`gpu_refusal` then finds nothing)."""
+    gpu = MemoryType.GPU
+    return all(t.memory_type is not gpu for t in tensors)
 
 
 def gpu_refusal(tensors: Iterable[Tensor], role: str, where: str) -> str | None:

@@ -46,9 +46,12 @@ class RunBatch(Protocol):
     ) -> Iterable[Reply]: ...
 
 
-# What the instance thread hands to the callers: each caller's queue and its reply (None:
-# the end of that request).
-_Delivery = list[tuple[queue.SimpleQueue[Reply | None], Reply | None]]
+# What a caller's queue carries: a reply, None (the end of one of its requests), or a
+# request's replies and end together (a non-decoupled request's, handed over at once: one
+# hand-over, and one wake-up of its caller, per request).
+_Item = Reply | None | list[Reply | None]
+# What the instance thread hands to the callers: each caller's queue and an item for it.
+_Delivery = list[tuple[queue.SimpleQueue[_Item], _Item]]
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class LevelPolicy:
     def deadline_ns(self, data: RequestData, start_ns: int) -> int:
         """When ``data`` times out in the queue (0: never), as core's ``Enqueue`` picks its
         timeout (:class:`QueuePolicy`)."""
+        if not self.timeout_us:  # no default timeout: no request's own applies either
+            return 0
         timeout = QueuePolicy(self.timeout_us, self.allow_override).timeout_us(data)
         return start_ns + timeout * 1000 if timeout else 0
 
@@ -139,13 +144,13 @@ class Pending:
     """A request waiting in the queue, and where its replies go (its caller's queue, with
     the index the caller knows it by)."""
 
-    __slots__ = ("cancel", "data", "deadline_ns", "failed", "out", "shape_key", "size",
-                 "start_ns", "timeout", "where")  # fmt: skip
+    __slots__ = ("cancel", "data", "deadline_ns", "failed", "out", "replies", "shape_key",
+                 "size", "start_ns", "timeout", "where")  # fmt: skip
 
     def __init__(
         self, data: RequestData, where: int, size: int, shape_key: object, start_ns: int,
         deadline_ns: int, timeout: float | None, cancel: Cancellation,
-        out: queue.SimpleQueue[Reply | None],
+        out: queue.SimpleQueue[_Item],
     ) -> None:
         self.data = data
         self.where = where
@@ -157,11 +162,12 @@ class Pending:
         self.cancel = cancel
         self.out = out
         self.failed = False
+        # A non-decoupled request's replies while its batch runs (handed over at its end).
+        self.replies: list[Reply | None] = []
 
     def end(self, error: InferenceError, stats: Statistics) -> None:
         """Leave the queue without running: ``error`` is the request's reply."""
-        self.out.put(Reply(self.where, [], error, "{}", FINAL, False))
-        self.out.put(_END)
+        self.out.put([Reply(self.where, [], error, "{}", FINAL, False), _END])
         stats.failure(self.start_ns, time.monotonic_ns())
 
 
@@ -187,6 +193,9 @@ class DynamicBatcher:
         self._stats = stats
         self._queues: list[deque[Pending]] = [deque() for _ in policy.levels]
         self._cond = threading.Condition(threading.Lock())
+        # Threads waiting on the condition: a request queued with none of them notifies
+        # nobody (Condition.notify_all costs Python-level work even then).
+        self._waiting = 0
         self._closed = False
         self._thread: threading.Thread | None = None
         # One thread per instance runs its batches (started on its first batch).
@@ -220,7 +229,7 @@ class DynamicBatcher:
 
         A cancelled ``cancel`` takes the requests out of the queue (Triton's CANCELLED
         error), or reaches the model when they already run."""
-        out: queue.SimpleQueue[Reply | None] = queue.SimpleQueue()
+        out: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         level = self._policy.level_of(priority)
         level_policy = self._policy.levels[level]
         entries: list[Pending] = []
@@ -250,7 +259,8 @@ class DynamicBatcher:
                     target=self._loop, name=f"pb-tensor-batcher-{self._name}", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
         return gather_replies(out, len(batch), [e.cancel for e in entries])
 
     def close(self) -> None:
@@ -272,7 +282,7 @@ class DynamicBatcher:
         while True:
             with self._cond:
                 while not self._closed and not any(self._queues):
-                    self._cond.wait()
+                    self._wait(None)
                 if self._closed:
                     return
             try:
@@ -290,6 +300,14 @@ class DynamicBatcher:
                     self._worker(instance).put((instance, batch))
                     continue
             self._instances.release(instance)
+
+    def _wait(self, timeout: float | None) -> None:
+        """Wait on the condition (held), counted in ``_waiting``."""
+        self._waiting += 1
+        try:
+            self._cond.wait(timeout)
+        finally:
+            self._waiting -= 1
 
     def _worker(self, instance: Instance) -> queue.SimpleQueue[_Work | None]:
         """The queue of ``instance``'s thread (called with the condition held)."""
@@ -339,6 +357,9 @@ class DynamicBatcher:
             if not lane:
                 continue
             reject = self._policy.levels[level].reject
+            if not any(e.cancel.cancelled or (reject and e.deadline_ns and now_ns >= e.deadline_ns)
+                       for e in lane):  # fmt: skip
+                continue  # the usual case: nothing leaves, the lane stays as it is
             kept: deque[Pending] = deque()
             for entry in lane:
                 if entry.cancel.cancelled:
@@ -391,16 +412,22 @@ class DynamicBatcher:
                 deadlines = [e.deadline_ns for e in ordered if e.deadline_ns]
                 if deadlines:
                     wait_ns = min(wait_ns, max(1000, min(deadlines) - now))
-                self._cond.wait(wait_ns / 1e9)
+                self._wait(wait_ns / 1e9)
                 continue
             return self._take(ordered[:count])
         return []
 
     def _take(self, batch: list[Pending]) -> list[Pending]:
-        taken = set(map(id, batch))
-        for level, lane in enumerate(self._queues):
-            if any(id(e) in taken for e in lane):
-                self._queues[level] = deque(e for e in lane if id(e) not in taken)
+        """Take ``batch`` out of the queue: it is the head of the lanes in level order (what
+        ``_form`` orders and cuts)."""
+        left = len(batch)
+        for lane in self._queues:
+            if not left:
+                break
+            n = min(left, len(lane))
+            for _ in range(n):
+                lane.popleft()
+            left -= n
         return batch
 
     def _execute(
@@ -430,7 +457,7 @@ class DynamicBatcher:
         def flush() -> None:
             _deliver(previous)
 
-        give = held.append if self._hold else None
+        hold = self._hold
         try:
             for reply in self._run(instance, [e.data for e in batch], timeout,
                                    [e.cancel for e in batch], returned, flush):  # fmt: skip
@@ -438,19 +465,19 @@ class DynamicBatcher:
                 if reply.error is not None:
                     entry.failed = True
                 reply.index = entry.where
-                if give is None:
-                    entry.out.put(reply)
+                if hold:
+                    entry.replies.append(reply)
                 else:
-                    give((entry.out, reply))
+                    entry.out.put(reply)
         except Exception as exc:  # the engine itself failed: every request fails with it
-            self._failed(batch, exc, held if self._hold else None)
+            self._failed(batch, exc)
         flush()
         self._ended(batch, exec_start, held if self._hold else None)
         if detached:
             lease.end()
         return bool(detached)
 
-    def _failed(self, batch: list[Pending], exc: Exception, held: _Delivery | None) -> None:
+    def _failed(self, batch: list[Pending], exc: Exception) -> None:
         error = exc if isinstance(exc, InferenceError) else InferenceError(
             f"Failed to process the request(s) for model '{self._name}', message: {exc}",
             TritonError.INTERNAL,
@@ -458,25 +485,24 @@ class DynamicBatcher:
         for entry in batch:
             entry.failed = True
             reply = Reply(entry.where, [], error, "{}", FINAL, False)
-            if held is None:
-                entry.out.put(reply)
+            if self._hold:
+                entry.replies.append(reply)
             else:
-                held.append((entry.out, reply))
+                entry.out.put(reply)
 
     def _ended(self, batch: list[Pending], exec_start: int, held: _Delivery | None) -> None:
+        """Record the batch's statistics and end each request: its end goes to its caller
+        now, or (``held``) with its replies, as one item."""
         end = time.monotonic_ns()
-        total = sum(e.size for e in batch)
-        self._stats.execution(total, exec_start, exec_start, end, end)
+        self._stats.batch(exec_start, end, [(e.size, e.start_ns, e.failed) for e in batch])
         for entry in batch:
-            if entry.failed:
-                self._stats.failure(entry.start_ns, end)
-            else:
-                self._stats.success(entry.size, entry.start_ns, exec_start, exec_start,
-                                    end, end, end)  # fmt: skip
             if held is None:
                 entry.out.put(_END)
             else:
-                held.append((entry.out, _END))
+                replies = entry.replies
+                replies.append(_END)
+                entry.replies = []
+                held.append((entry.out, replies))
 
 
 def _deliver(delivery: _Delivery) -> None:
@@ -494,17 +520,24 @@ def _unloaded(name: str) -> InferenceError:
 
 
 def gather_replies(
-    out: queue.SimpleQueue[Reply | None], count: int, cancels: list[Cancellation]
+    out: queue.SimpleQueue[_Item] | queue.SimpleQueue[Reply | None], count: int,
+    cancels: list[Cancellation],
 ) -> Iterator[Reply]:
     """The replies a batcher's instance thread puts on ``out`` for ``count`` requests (each
-    ends with a ``None``), for the caller to read; a caller that stops reading early cancels
-    what still runs."""
+    ends with a ``None``; a list carries a request's replies and its end at once), for the
+    caller to read; a caller that stops reading early cancels what still runs."""
     ended = 0
     try:
         while ended < count:
             item = out.get()
             if item is None:
                 ended += 1
+            elif isinstance(item, list):
+                for reply in item:
+                    if reply is None:
+                        ended += 1
+                    else:
+                        yield reply
             else:
                 yield item
     finally:

@@ -88,6 +88,16 @@ class InstanceSet:
     def would_self_wait(self) -> InferenceError | None:
         """:meth:`acquire`'s refusal for the current thread if it asked now (after the same
         grace period for a release), else None."""
+        # First without the lock (this runs for every request a batcher queues): an idle
+        # instance, or one used by another thread's request, says no. Only this thread's
+        # own requests can make every instance this thread's, and it makes none meanwhile:
+        # a None found here stays true.
+        if self._idle:
+            return None
+        for instance in self._all:
+            owner = instance.owner
+            if owner is None or not acts_for(owner):
+                return None
         grace = time.monotonic() + _SELF_WAIT_GRACE
         with self._lock:
             while True:

@@ -89,6 +89,34 @@ class Statistics:
             self._compute_infer += compute_end - compute_start
             self._compute_output += exec_end - compute_end
 
+    def batch(self, exec_start: int, exec_end: int, requests: list[tuple[int, int, bool]]
+              ) -> None:  # fmt: skip
+        """A batch that ran from ``exec_start`` to ``exec_end`` (compute spanning the whole
+        execution), and each of its requests' outcome (``(batch_size, request_start,
+        failed)``): what :meth:`execution` and then :meth:`success` or :meth:`failure` for
+        each request record, under one lock acquisition."""
+        now_ms = time.time_ns() // 1_000_000
+        infer_ns = exec_end - exec_start
+        with self._lock:
+            self._execution_count += 1
+            self._last_inference_ms = max(self._last_inference_ms, now_ms)
+            total = sum(size for size, _, _ in requests)
+            entry = self._batches.get(total)
+            if entry is None:
+                entry = self._batches[total] = [0, 0, 0, 0]
+            entry[0] += 1
+            entry[2] += infer_ns
+            for size, start, failed in requests:
+                if failed:
+                    self._fail_count += 1
+                    self._fail_ns += exec_end - start
+                else:
+                    self._inference_count += size
+                    self._success_count += 1
+                    self._success_ns += exec_end - start
+                    self._queue_ns += exec_start - start
+                    self._compute_infer += infer_ns
+
     def one_request(
         self, batch_size: int, failed: bool, request_start: int, exec_start: int, exec_end: int
     ) -> None:
