@@ -21,8 +21,9 @@ KServe and MLServer run from the Python interpreters given with ``--kserve-pytho
 ``--mlserver-python`` (default: this interpreter); one without the package is skipped with
 a line saying so.
 
-Usage: ``python benchmarks/bench_serve.py [--quick] [--kserve-python PY]
-[--mlserver-python PY]`` (needs the serve extra).
+Usage: ``python benchmarks/bench_serve.py [--quick] [--only {table,big}] [--rounds N]
+[--kserve-python PY] [--mlserver-python PY]`` (needs the serve extra); ``--only big`` runs
+the 64 MiB transfer alone, ``--only table`` the add_sub table alone.
 """
 
 from __future__ import annotations
@@ -452,9 +453,20 @@ def main() -> None:
                         help="a Python with kserve installed (default: this one)")
     parser.add_argument("--mlserver-python", default=sys.executable,
                         help="a Python with mlserver installed (default: this one)")
+    parser.add_argument("--only", choices=("table", "big"),
+                        help="run only the add_sub table or only the 64 MiB transfer")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default: 3, 2 with "
+                        "--quick)")
     args = parser.parse_args()
     requests = 400 if args.quick else 3000
-    rounds = 2 if args.quick else 3
+    rounds = args.rounds or (2 if args.quick else 3)
+    if args.only != "big":
+        _table(args, requests, rounds)
+    if args.only != "table":
+        _big_transfer(rounds)
+
+
+def _table(args: argparse.Namespace, requests: int, rounds: int) -> None:
     servers: dict[str, Server] = {
         "in-process": Serve("--in-process"),
         # The opt-in (quick models on the event loop's thread): shown, not a target row.
@@ -501,7 +513,6 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.stop()
-    _big_transfer(rounds)
 
 
 if __name__ == "__main__":
