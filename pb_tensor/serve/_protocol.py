@@ -37,8 +37,8 @@ _JOIN_LIMIT = 64 << 10
 """Response bodies up to this size leave in one write with the status line and headers."""
 
 _READ_SIZE = 256 << 10
-"""Bytes read at a time outside a body's own buffer (request lines, headers, chunked
-bodies): uvloop's own read size."""
+"""Bytes read at a time (uvloop's own read size), into a body's own buffer or, outside
+one (request lines, headers, chunked bodies), into a scratch buffer."""
 
 _KEEP_MIN = 1 << 20
 """Bodies from this size on have their buffer kept for reuse (smaller ones come from
@@ -354,9 +354,13 @@ def _build(base: Any, cycle_base: Any, limit: int) -> Any:
             if type(cycle) is _Cycle and not cycle.response_complete:
                 target = cycle.pb_target
                 # The parser is inside this body (its headers were the last parsed): what
-                # comes next on the wire is the body's, up to its length.
-                if target is not None and cycle.pb_got < len(target):
-                    self._reading = view = memoryview(target)[cycle.pb_got:]
+                # comes next on the wire is the body's, up to its length. At most
+                # _READ_SIZE at a time: the parser's copy of each piece for on_body then
+                # reads it from the cache and reuses the same memory (whole-body reads
+                # cost 21-23 ms of CPU per 64 MiB in the parser against 11-13 ms).
+                got = cycle.pb_got
+                if target is not None and got < len(target):
+                    self._reading = view = memoryview(target)[got:got + _READ_SIZE]
                     return view
             self._reading = None
             return scratch_view
