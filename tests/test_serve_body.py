@@ -1,6 +1,9 @@
 """How request bodies reach the application: whole, in pieces, chunked, after
-``Expect: 100-continue``, several requests on one connection, a client that leaves halfway
-(pb-tensor's uvicorn protocol buffers a body up to its ``Content-Length``)."""
+``Expect: 100-continue``, several requests on one connection (one after another and
+pipelined), a client that leaves halfway, on uvloop and on asyncio's loop (pb-tensor's
+uvicorn protocol reads a body straight into a buffer of its ``Content-Length``); large
+bodies' buffers reused only when nothing refers to them, and not written before the body
+arrives."""
 
 from __future__ import annotations
 
@@ -310,3 +313,32 @@ def test_an_announced_body_costs_no_memory_before_it_arrives() -> None:
             for sock in socks:
                 sock.close()
     assert grown < size, f"{grown >> 20} MiB resident after announcing 4 x 64 MiB"
+
+
+def test_bodies_on_asyncio_s_own_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Without uvloop the HTTP service runs on asyncio's selector loop, whose transports read
+    # into a BufferedProtocol's buffers as well: small, large and reused bodies.
+    import http.client
+
+    import pb_tensor.serve._server as server_module
+    from pb_tensor.serve import Options, Server
+
+    has = server_module._has
+    monkeypatch.setattr(server_module, "_has", lambda m: m != "uvloop" and has(m))
+    options = Options([EXAMPLES], http_port=0, grpc_port=0, allow_grpc=False,
+                      allow_metrics=False, model_control_mode="explicit",
+                      load_models=["add_sub"], max_input_size=16 << 20, in_process=True)
+    with Server(options) as running:
+        assert running._http.config.loop == "asyncio"
+        host, port = running.http_url.rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            for n in (3, 1 << 19, 1 << 19, 5):
+                head, data, expected = _request(n)
+                conn.request("POST", PATH, body=head + data,
+                             headers={"Inference-Header-Content-Length": str(len(head))})
+                response = conn.getresponse()
+                assert response.status == 200
+                assert _output0(response.read(), n) == expected.tolist()
+        finally:
+            conn.close()
