@@ -21,10 +21,11 @@ KServe and MLServer run from the Python interpreters given with ``--kserve-pytho
 ``--mlserver-python`` (default: this interpreter); one without the package is skipped with
 a line saying so.
 
-Usage: ``python benchmarks/bench_serve.py [--quick] [--kserve-python PY]
-[--mlserver-python PY] [--servers NAMES] [--protocols NAMES] [--no-big]`` (needs the serve
-extra); ``--servers`` / ``--protocols`` (comma-separated) run only those rows of the
-add_sub table, ``--no-big`` leaves out the 64 MiB transfer.
+Usage: ``python benchmarks/bench_serve.py [--quick] [--only {table,big}] [--rounds N]
+[--kserve-python PY] [--mlserver-python PY] [--servers NAMES] [--protocols NAMES]
+[--no-big]`` (needs the serve extra); ``--only big`` runs the 64 MiB transfer alone, ``--only
+table`` (or ``--no-big``) the add_sub table alone; ``--servers`` / ``--protocols``
+(comma-separated) run only those rows of the add_sub table.
 """
 
 from __future__ import annotations
@@ -467,14 +468,27 @@ def main() -> None:
     parser.add_argument("--protocols", default="HTTP,gRPC",
                         help="comma-separated protocols of the add_sub table (default: "
                         "HTTP,gRPC)")
-    parser.add_argument("--no-big", action="store_true", help="leave out the 64 MiB transfer")
+    parser.add_argument("--no-big", action="store_true",
+                        help="leave out the 64 MiB transfer (as --only table)")
+    parser.add_argument("--only", choices=("table", "big"),
+                        help="run only the add_sub table or only the 64 MiB transfer")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default: 3, 2 with "
+                        "--quick)")
     args = parser.parse_args()
     wanted = set(args.servers.split(","))
     protocols = set(args.protocols.split(","))
     if not wanted <= set(_SERVERS) or not protocols <= {"HTTP", "gRPC"}:
         parser.error(f"--servers takes {','.join(_SERVERS)}; --protocols takes HTTP,gRPC")
     requests = 400 if args.quick else 3000
-    rounds = 2 if args.quick else 3
+    rounds = args.rounds or (2 if args.quick else 3)
+    if args.only != "big":
+        _table(args, wanted, protocols, requests, rounds)
+    if args.only != "table" and not args.no_big:
+        _big_transfer(rounds)
+
+
+def _table(args: argparse.Namespace, wanted: set[str], protocols: set[str], requests: int,
+           rounds: int) -> None:
     own: dict[str, Callable[[], Server]] = {
         "in-process": lambda: Serve("--in-process"),
         # The opt-in (quick models on the event loop's thread): shown, not a target row.
@@ -525,8 +539,6 @@ def main() -> None:
     finally:
         for server in servers.values():
             server.stop()
-    if not args.no_big:
-        _big_transfer(rounds)
 
 
 if __name__ == "__main__":
