@@ -14,8 +14,8 @@ from collections.abc import Callable, Container
 from typing import Final
 
 from dlpack_ctypes import _capi
-from dlpack_ctypes._blocks import C_STRIDES, MAX_NDIM, c_strides
 from dlpack_ctypes._owned import arm, owns
+from dlpack_ctypes._shapes import C_STRIDES, MAX_NDIM, c_strides
 from dlpack_ctypes._tensor import (
     DELETERS,
     DEVICE_ENUM,

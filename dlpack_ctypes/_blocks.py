@@ -1,4 +1,4 @@
-"""Export blocks, the live registry, the deleter and the pending-capsule sweep (shared privately).
+"""The live export registry, the deleter and the pending-capsule sweep (shared privately).
 
 Lifetime model:
 
@@ -24,7 +24,8 @@ Lifetime model:
   export and per garbage collection, never a pass over the whole queue.
 
 Everything here is shared by the producer and the exporters; the public names are re-exported
-by :mod:`dlpack_ctypes.producer`.
+by :mod:`dlpack_ctypes.producer`. :mod:`dlpack_ctypes._pack` packs the blocks and makes the
+capsules; :mod:`dlpack_ctypes._shapes` checks shapes and computes strides.
 """
 
 from __future__ import annotations
@@ -38,16 +39,12 @@ import gc
 import os
 import struct
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final, cast
-
-if TYPE_CHECKING:
-    # typing_extensions is not a runtime dependency: only annotations and string casts use it.
-    from typing_extensions import CapsuleType
+from collections.abc import Callable
+from typing import Any, Final, cast
 
 from dlpack_ctypes import _capi
 from dlpack_ctypes._owned import DEAD, release_dead
-from dlpack_ctypes.abi import DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, DLDeviceType
+from dlpack_ctypes.abi import DLDeviceType
 
 __all__ = [
     "DELETER_ADDRESS",
@@ -57,22 +54,14 @@ __all__ = [
     "GC_SWEEP_EVERY",
     "GC_SWEEP_STEP",
     "LIVE",
-    "MAX_NDIM",
     "PENDING",
     "SWEEP_LIMIT",
-    "c_strides",
-    "check_shape",
-    "contiguous_strides",
     "deleter_impl",
-    "export",
-    "export_prepared",
     "flush",
     "live_exports",
     "pending_count",
-    "prepare",
 ]
 
-MAX_NDIM: Final = 64
 DEVICE_TYPES: Final = frozenset(int(d) for d in DLDeviceType)
 
 #: Pending capsules beyond which an export also sweeps the queue: up to this many entries whose
@@ -266,7 +255,6 @@ def _locked_sweep(budget: int, held: int = -1) -> None:
         raise
 
 
-_step = _locked_sweep
 # The C RLock's own ownership test (threading.Condition uses it); typeshed does not declare it.
 _is_owned: Callable[[], bool] = cast(Any, _SWEEP_LOCK)._is_owned
 _try_acquire = _SWEEP_LOCK.acquire
@@ -347,204 +335,3 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(
         before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork
     )
-
-# --------------------------------------------------------------------------------------------
-# Shapes
-
-_C_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
-
-
-def check_shape(shape: Sequence[int], strides: Sequence[int] | None) -> None:
-    """Reject more than :data:`MAX_NDIM` dimensions, mismatched strides, negative sizes.
-
-    Raises:
-        BufferError: too many dimensions.
-        ValueError: strides of another length, or a negative dimension.
-    """
-    ndim = len(shape)
-    if ndim > MAX_NDIM:
-        raise BufferError(f"cannot export {ndim=}: at most {MAX_NDIM} dimensions are supported")
-    if strides is not None and len(strides) != ndim:
-        raise ValueError(f"strides must have one entry per dimension: {shape=} {strides=}")
-    if any(n < 0 for n in shape):
-        raise ValueError(f"shape entries must be >= 0: {shape=}")
-
-
-def contiguous_strides(shape: Sequence[int]) -> list[int]:
-    """C-order strides of ``shape`` in elements (size-0 dimensions count as 1)."""
-    strides = [1] * len(shape)
-    acc = 1
-    for i in range(len(shape) - 1, -1, -1):
-        strides[i] = acc
-        acc *= max(shape[i], 1)
-    return strides
-
-
-def c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The C-order strides of ``shape``, in elements (memoised: shapes repeat)."""
-    found = _C_STRIDES.get(shape)
-    if found is None:
-        if len(_C_STRIDES) > 4096:
-            _C_STRIDES.clear()
-        found = _C_STRIDES[shape] = tuple(contiguous_strides(shape))
-    return found
-
-
-#: The memo behind :func:`c_strides`, for callers that look up before calling.
-C_STRIDES: Final = _C_STRIDES
-
-# --------------------------------------------------------------------------------------------
-# Struct packing and the raw export
-
-# Native alignment ("@") reproduces the C layout; abi.py checks the same offsets at import.
-_LEGACY_HEAD = "@PiiiBBHPPQPP"  # DLManagedTensor, 64 bytes
-_VERSIONED_HEAD = "@IIPPQPiiiBBHPPQ"  # DLManagedTensorVersioned, 80 bytes
-_PACKERS: dict[tuple[bool, int], tuple[Any, Any, int]] = {}
-
-
-def _packer(versioned: bool, ndim: int) -> tuple[Any, Any, int]:
-    key = (versioned, ndim)
-    found = _PACKERS.get(key)
-    if found is None:
-        head = _VERSIONED_HEAD if versioned else _LEGACY_HEAD
-        fmt = struct.Struct(head + "q" * (2 * ndim))
-        block_type = ctypes.c_int64 * (fmt.size // 8)
-        head_size = struct.calcsize(head)
-        found = _PACKERS[key] = (fmt.pack_into, block_type, head_size)
-    return found
-
-
-def export(
-    owner: object,
-    data: int,
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    dtype: tuple[int, int, int],
-    device: tuple[int, int],
-    versioned: bool,
-    flags: int,
-    _live: Any = LIVE,
-    _pending: Any = PENDING,
-    _new: Any = _capi.PyCapsule_New,
-    _addressof: Any = ctypes.addressof,
-) -> CapsuleType:
-    """Pack one export block and wrap it in a fresh capsule (no validation: callers check).
-
-    Exception-safe at every step: until the capsule is returned, any exception (including an
-    asynchronous one such as ``KeyboardInterrupt``, or ``MemoryError``) releases the export; a
-    capsule that already reached the pending queue is then skipped by the sweep, because the
-    registry no longer holds its block.
-    """
-    ndim = len(shape)
-    found = _PACKERS.get((versioned, ndim))
-    pack, block_type, head = found if found is not None else _packer(versioned, ndim)
-    block = block_type()
-    addr = _addressof(block)
-    dims = addr + head if ndim else 0
-    strd = dims + 8 * ndim if ndim else 0
-    if versioned:
-        pack(block, 0, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, 0, DELETER_ADDRESS, flags,
-             data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2], dims, strd, 0,
-             *shape, *strides)
-        name = _capi.ADDR_DLTENSOR_VERSIONED
-    else:
-        pack(block, 0, data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2],
-             dims, strd, 0, 0, DELETER_ADDRESS, *shape, *strides)
-        name = _capi.ADDR_DLTENSOR
-    # The registry entry is undone unless the capsule reached the pending queue (the sweep
-    # then releases it when the caller never got it). A finally clause, not an except one:
-    # CPython 3.10 runs a signal handler on entry to an except clause, so a second
-    # asynchronous exception there skipped the undo and left the entry for ever; a clause
-    # whose first instruction starts a try block is entered without one.
-    queued = False
-    try:
-        _live[addr] = (block, owner)
-        capsule: CapsuleType = _new(addr, name, None)
-        _pending.append((capsule, block, addr, name))
-        queued = True  # no handler point since the append returned
-        if len(_pending) > SWEEP_LIMIT:
-            # Up to SWEEP_LIMIT entries at once when they are released (the usual case: the
-            # consumer let go), so the lock and call overhead is paid once per ~64 exports,
-            # not once per 4; still at most EXPORT_SWEEP_STEP held capsules examined.
-            _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
-    finally:
-        try:
-            if not queued:
-                # The capsule never reached the caller, so nobody can have consumed it.
-                _live.pop(addr, None)
-        finally:
-            pass
-    return capsule
-
-
-# Offset of DLTensor.shape in the managed struct (strides follow): the only fields a prepared
-# block still needs per export, because they point into the block itself.
-_SHAPE_FIELD: Final = {True: 32 + 24, False: 24}
-_pack_pointers = struct.Struct("@PP").pack_into
-
-
-def prepare(
-    data: int,
-    shape: tuple[int, ...],
-    strides: tuple[int, ...],
-    dtype: tuple[int, int, int],
-    device: tuple[int, int],
-    versioned: bool,
-    flags: int,
-) -> tuple[Any, bytes, int, int, int]:
-    """Pack an export block once for repeated :func:`export_prepared` calls of the same tensor.
-
-    Returns ``(block type, the packed bytes with NULL shape/strides pointers, offset of the shape
-    pointer, offset of the shape array, ndim)``; no validation (callers check, as for
-    :func:`export`).
-    """
-    ndim = len(shape)
-    found = _PACKERS.get((versioned, ndim))
-    pack, block_type, head = found if found is not None else _packer(versioned, ndim)
-    block = block_type()
-    if versioned:
-        pack(block, 0, DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION, 0, DELETER_ADDRESS, flags,
-             data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2], 0, 0, 0,
-             *shape, *strides)
-    else:
-        pack(block, 0, data, device[0], device[1], ndim, dtype[0], dtype[1], dtype[2],
-             0, 0, 0, 0, DELETER_ADDRESS, *shape, *strides)
-    return block_type, bytes(block), _SHAPE_FIELD[versioned], head, ndim
-
-
-def export_prepared(
-    owner: object,
-    prepared: tuple[Any, bytes, int, int, int],
-    name: int,
-    _live: Any = LIVE,
-    _pending: Any = PENDING,
-    _new: Any = _capi.PyCapsule_New,
-    _addressof: Any = ctypes.addressof,
-) -> CapsuleType:
-    """:func:`export` of a block made by :func:`prepare`: one copy of the packed bytes and the
-    two pointers into the block, instead of packing every field (``name``: the capsule name's
-    address, :data:`~dlpack_ctypes._capi.ADDR_DLTENSOR_VERSIONED` for a versioned block).
-
-    Exception-safe at every step, exactly as :func:`export` (the steps after the packing are
-    the same).
-    """
-    block_type, packed, field, head, ndim = prepared
-    block = block_type.from_buffer_copy(packed)
-    addr = _addressof(block)
-    if ndim:
-        _pack_pointers(block, field, addr + head, addr + head + 8 * ndim)
-    queued = False  # the undo of export(), for the same reasons
-    try:
-        _live[addr] = (block, owner)
-        capsule: CapsuleType = _new(addr, name, None)
-        _pending.append((capsule, block, addr, name))
-        queued = True
-        if len(_pending) > SWEEP_LIMIT:
-            _step(SWEEP_LIMIT, EXPORT_SWEEP_STEP)
-    finally:
-        try:
-            if not queued:
-                _live.pop(addr, None)
-        finally:
-            pass
-    return capsule

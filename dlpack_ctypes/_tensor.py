@@ -15,8 +15,9 @@ from typing import Any, Final
 import numpy as np
 
 from dlpack_ctypes import _capi
-from dlpack_ctypes._blocks import C_STRIDES, DELETER_ADDRESS, DELETER_TARGET, MAX_NDIM, c_strides
+from dlpack_ctypes._blocks import DELETER_ADDRESS, DELETER_TARGET
 from dlpack_ctypes._owned import OWNED, release
+from dlpack_ctypes._shapes import C_STRIDES, MAX_NDIM, c_strides
 from dlpack_ctypes._views import EMPTY_DATA, HOST_DEVICES, VIEW_INFO, ViewOwner, interface
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,

@@ -9,7 +9,7 @@ from typing import Any, Final
 import numpy as np
 
 from dlpack_ctypes import _capi
-from dlpack_ctypes._blocks import c_strides
+from dlpack_ctypes._shapes import c_strides
 from dlpack_ctypes.abi import DLDeviceType
 from dlpack_ctypes.dtypes import DataType, to_numpy_dtype
 

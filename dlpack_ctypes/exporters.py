@@ -18,18 +18,10 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import numpy as np
 
 from dlpack_ctypes import _capi, _claim
-from dlpack_ctypes._blocks import (
-    C_STRIDES,
-    DEVICE_TYPES,
-    MAX_NDIM,
-    c_strides,
-    check_shape,
-    contiguous_strides,
-    export,
-    export_prepared,
-    prepare,
-)
+from dlpack_ctypes._blocks import DEVICE_TYPES
 from dlpack_ctypes._numpy_rules import NUMPY_EXPORTER_KEEPS_RULES
+from dlpack_ctypes._pack import export, export_prepared, prepare
+from dlpack_ctypes._shapes import C_STRIDES, MAX_NDIM, c_strides, check_shape, contiguous_strides
 from dlpack_ctypes._views import HOST_DEVICES, host_view
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,

@@ -25,13 +25,11 @@ from dlpack_ctypes._blocks import (
     GC_SWEEP_EVERY,
     GC_SWEEP_STEP,
     SWEEP_LIMIT,
-    c_strides,
-    check_shape,
-    contiguous_strides,
-    export,
     flush,
     live_exports,
 )
+from dlpack_ctypes._pack import export
+from dlpack_ctypes._shapes import c_strides, check_shape, contiguous_strides
 from dlpack_ctypes._views import HOST_DEVICES
 from dlpack_ctypes.abi import (
     DLPACK_FLAG_BITMASK_IS_COPIED,

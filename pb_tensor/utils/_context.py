@@ -29,8 +29,8 @@ from pb_tensor.utils._backend import (
 from pb_tensor.utils._logger import LOGGER_NAME, model_logger
 from pb_tensor.utils._metrics import metric_snapshot, reset_metrics
 from pb_tensor.utils._params import parameters_to_json
-from pb_tensor.utils._request import (
-    SenderSource,
+from pb_tensor.utils._request import SenderSource
+from pb_tensor.utils._request_runtime import (
     cancel_request,
     claim_direct_send,
     created_senders,

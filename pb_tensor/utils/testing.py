@@ -9,7 +9,7 @@ reads the custom metrics a model recorded. The runtime uses the same functions.
 from __future__ import annotations
 
 from pb_tensor.utils._metrics import metric_snapshot, reset_metrics
-from pb_tensor.utils._request import cancel_request, make_request, release_flags
+from pb_tensor.utils._request_runtime import cancel_request, make_request, release_flags
 from pb_tensor.utils._response import InferenceResponseSender, responses_sent, sender_is_closed
 
 __all__ = [
