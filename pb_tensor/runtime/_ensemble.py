@@ -35,6 +35,7 @@ from pb_tensor.runtime._reshape import renamed
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 from pb_tensor.runtime._validate import ModelSpec, validate_request
+from pb_tensor.runtime._values import Outputs, outputs_of
 
 if TYPE_CHECKING:
     from pb_tensor.runtime._repository import ModelRepository
@@ -234,6 +235,19 @@ class EnsembleModel(LoadedModel):
             reply.index = index
             replies.append(reply)
         return replies
+
+    def _first_outputs(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
+        priority: int = 0,
+    ) -> Outputs:
+        __tracebackhide__ = True
+        if self._decoupled:
+            return super()._first_outputs(data, timeout, cancel, priority)
+        # The one reply of a static run (a response or an error), without the batch's list.
+        reply = self._run_static(data, timeout, cancel, priority)
+        if reply.error is not None:
+            raise reply.error
+        return outputs_of(reply)
 
     def _refusal(self, data: RequestData) -> Reply | None:
         """The error reply of a request that cannot run (validated here otherwise)."""
