@@ -18,6 +18,10 @@ from pb_tensor.extras_policy import extras_allowed
 
 __all__ = ["TensorFields"]
 
+# is_cpu() runs on hot paths: an enum member read through its class costs several times a
+# module global.
+_GPU = MemoryType.GPU
+
 # What pybind11 raises for Triton's triton_dtype(): its return type is an unregistered C enum.
 _TRITON_DTYPE_ERROR = (
     "Unable to convert function return value to a Python type! The signature was\n"
@@ -82,7 +86,7 @@ class TensorFields:
 
     def is_cpu(self) -> bool:
         """True for CPU and pinned (CPU_PINNED) memory."""
-        return self._memory_type != MemoryType.GPU
+        return self._memory_type != _GPU
 
     # ----------------------------------------------------------------------------------------
     # Typed extras

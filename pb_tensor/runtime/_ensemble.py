@@ -23,6 +23,7 @@ from pb_tensor.runtime._ensemble_steps import (
     Step,
     Value,
     dataflow_order,
+    plain_request,
     reshaped,
     sequence_override,
     step_request,
@@ -34,6 +35,7 @@ from pb_tensor.runtime._reshape import renamed
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 from pb_tensor.runtime._validate import ModelSpec, validate_request
+from pb_tensor.runtime._values import Outputs, outputs_of
 
 if TYPE_CHECKING:
     from pb_tensor.runtime._repository import ModelRepository
@@ -155,6 +157,7 @@ class EnsembleModel(LoadedModel):
             for tensor in dict.fromkeys(t for _, t, _ in step.inputs):
                 self._consumers.setdefault(tensor, []).append(index)
         self._live = True
+        self._batching = spec.max_batch_size > 0
         self._ordered = [steps[i] for i in dataflow_order(steps, [i.name for i in spec.inputs])]
         # Triton copies each step's inputs into shared memory, so a step writing into its
         # inputs changes nothing another step or the caller sees. When every step reading
@@ -233,6 +236,19 @@ class EnsembleModel(LoadedModel):
             replies.append(reply)
         return replies
 
+    def _first_outputs(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
+        priority: int = 0,
+    ) -> Outputs:
+        __tracebackhide__ = True
+        if self._decoupled:
+            return super()._first_outputs(data, timeout, cancel, priority)
+        # The one reply of a static run (a response or an error), without the batch's list.
+        reply = self._run_static(data, timeout, cancel, priority)
+        if reply.error is not None:
+            raise reply.error
+        return outputs_of(reply)
+
     def _refusal(self, data: RequestData) -> Reply | None:
         """The error reply of a request that cannot run (validated here otherwise)."""
         if not self._live:
@@ -266,8 +282,10 @@ class EnsembleModel(LoadedModel):
             refused = self._refusal(data)
             if refused is not None:
                 return refused
-        batch_size = self._request_batch(data)
-        values: dict[str, Value] = {t.name(): (t, batch_size, None) for t in data.inputs}
+        batch_size = self._request_batch(data) if self._batching else 0
+        values: dict[str, Value] = {}
+        for t in data.inputs:
+            values[t.name()] = (t, batch_size, None)
         for name in self._optional_inputs:
             values.setdefault(name, (None, batch_size, None))
         pooled_ids: set[int] = set()
@@ -276,30 +294,45 @@ class EnsembleModel(LoadedModel):
         for step in self._ordered:
             if cancel is not None and cancel.cancelled:
                 return self._failed(cancelled_error())
-            request, step_batch = step_request(step, read, pooled_ids, data, owned)
+            # A plain step's request straight away; the general path for any other (and
+            # for inputs the plain path declines).
+            request = None if step.plain is None else plain_request(step, read, data, owned)
+            if request is None:
+                request, step_batch = step_request(step, read, pooled_ids, data, owned,
+                                                   plain=False)  # fmt: skip
+            else:
+                step_batch = 0
             got: Reply | None = None
             for reply in step.model._replies([request], timeout, cancel, priority):
                 if got is None and (reply.has_response or reply.error is not None):
                     got = reply
-            if got is None:
-                produced: dict[str, Tensor] = {}
-                override: Override = None
-            else:
+            produced: dict[str, Tensor] = {}
+            override: Override = None
+            if got is not None:
                 if got.error is not None:
                     return self._failed(got.error)
-                produced = {t.name(): t for t in got.tensors}
+                for t in got.tensors:
+                    produced[t.name()] = t
                 parameters = got.parameters
-                try:
-                    override = None if parameters == "{}" else sequence_override(
-                        parameters, request.correlation_id)
-                except InferenceError as exc:
-                    return self._failed(exc)
+                if parameters != "{}":
+                    try:
+                        override = sequence_override(parameters, request.correlation_id)
+                    except InferenceError as exc:
+                        return self._failed(exc)
             if step.pooled_outputs:
                 pooled_ids.update(id(t) for t in produced.values())
             for output, tensor_name in step.outputs.items():
                 values[tensor_name] = (produced.get(output), step_batch, override)
-        found = [(name, values[name][0], values[name][1]) for name in data.requested_outputs]
-        return Reply(0, self._outputs(data, found), None, "{}", FINAL, True)
+        tensors: list[Tensor] = []
+        for name in data.requested_outputs:
+            tensor, made_batch, _ = values[name]
+            if tensor is None:
+                continue  # an optional output left out
+            if not batch_size and not made_batch and tensor.name() == name:
+                tensors.append(tensor)  # as it is, as _outputs gives it
+            else:
+                tensors.extend(self._outputs(data, [(name, tensor, made_batch)]))
+        return Reply(0, tensors, None, "{}", FINAL, True)
 
     def _run_batch(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None,

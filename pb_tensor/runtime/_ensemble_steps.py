@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pb_tensor import Tensor, TritonDtype
@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     from pb_tensor.runtime._model import LoadedModel
     from pb_tensor.runtime._validate import ModelSpec
 
-__all__ = ["Override", "Step", "Value", "dataflow_order", "proven_outputs", "reshaped",
-           "sequence_override", "step_request"]  # fmt: skip
+__all__ = ["Override", "Step", "Value", "dataflow_order", "plain_request", "proven_outputs",
+           "reshaped", "sequence_override", "step_request"]  # fmt: skip
 
 log = logging.getLogger("pb_tensor.runtime")
 
@@ -72,6 +72,32 @@ class Step:
     # batch size within ``max_batch_size`` and shapes that fit ``dims`` is valid. Else None.
     checks: tuple[TritonDtype, ...] | None = None
     max_batch_size: int = 0
+    # Derived at load (__post_init__), for step_request's direct path: per input (model
+    # input, ensemble tensor, data type, rank, (position, size) of each fixed dim) when the
+    # step is an in-process, input-copying, non-batching model whose requests can be proven
+    # valid (``checks``) and whose inputs are all of plain numeric types; else None.
+    plain: tuple[tuple[str, str, TritonDtype, int, tuple[tuple[int, int], ...]], ...] | None = (
+        field(init=False, repr=False, compare=False)
+    )
+    # The requested outputs of a request the direct path made (valid by construction).
+    plain_requested: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        checks = self.checks
+        requested = self.proven if self.proven is not None else self.checked
+        plain = None
+        if (
+            self.in_process and self.copies and not self.batching and not self.pooled_inputs
+            and checks is not None and requested is not None
+            and all(dtype in _PLAIN for dtype in checks)
+        ):  # fmt: skip
+            plain = tuple(
+                (model_input, tensor, dtype, len(dims),
+                 tuple((pos, d) for pos, d in enumerate(dims) if d != _WILDCARD))
+                for (model_input, tensor, dims), dtype in zip(self.inputs, checks)
+            )  # fmt: skip
+        object.__setattr__(self, "plain", plain)
+        object.__setattr__(self, "plain_requested", requested or ())
 
 
 def _same_dims(config: Sequence[int], shape: Sequence[int]) -> bool:
@@ -178,12 +204,64 @@ def sequence_override(parameters: str, correlation_id: int | str) -> Override:
     return (correlation_id, flags) if override else None
 
 
+def plain_request(
+    step: Step, value: Callable[[str], Value], data: RequestData, owned: Set[str]
+) -> RequestData | None:
+    """``step_request``'s result for a step with a ``plain`` plan (its batch size is 0),
+    when each input is present, unoverridden, without a batch dimension, on the host and of
+    the data type and shape the step's model configures; None when any is not (the general
+    path then makes the request, and the step model's validation its error).
+
+    What the general path does for such inputs, without its per-input decisions: each
+    tensor copied once under the step's input name, except the ones in ``owned``, which go
+    as they are (renamed by a view when the names differ).
+    """
+    plan = step.plain
+    if plan is None:
+        return None
+    # An ensemble input in ``owned`` is the ensemble request's own validated copy (no
+    # override, no batch dimension: the step does not batch); for a step whose requests
+    # the ensemble's validation proves valid it needs no check either.
+    proven = step.proven is not None
+    inputs = []
+    for model_input, tensor_name, dtype, rank, fixed in plan:
+        tensor, tensor_batch, override = value(tensor_name)
+        if proven and tensor_name in owned and tensor is not None:
+            inputs.append(
+                tensor if tensor.name() == model_input else renamed(tensor, model_input)
+            )
+            continue
+        if (
+            tensor is None or override is not None or tensor_batch
+            or tensor.dtype is not dtype or not tensor.is_cpu()
+        ):  # fmt: skip
+            return None
+        array = tensor.as_numpy()
+        shape = array.shape
+        if len(shape) != rank:
+            return None
+        for pos, size in fixed:
+            if shape[pos] != size:
+                return None
+        if tensor_name in owned:
+            inputs.append(
+                tensor if tensor.name() == model_input else renamed(tensor, model_input)
+            )
+        else:
+            inputs.append(Tensor(model_input, array.copy()))
+    return RequestData(inputs, list(step.plain_requested), data.request_id,
+                       data.correlation_id, data.flags, data.parameters, data.timeout_us,
+                       True, None, True)  # fmt: skip
+
+
 def step_request(
     step: Step,
     value: Callable[[str], Value],
     pooled_ids: set[int],
     data: RequestData,
     owned: Set[str] = frozenset(),
+    *,
+    plain: bool = True,
 ) -> tuple[RequestData, int]:
     """Core's ``InitStep``: the request of ``step`` (``value(tensor)``: an ensemble tensor's
     value), and its batch size.
@@ -196,11 +274,16 @@ def step_request(
     leaves the request to the engine's own delivery, as before. The step's request is marked
     validated when the ensemble's validation proved it (``Step.proven``) or its inputs pass
     the quick check of the step model's configuration; anything else is validated in full by
-    the step model, with Triton's messages.
+    the step model, with Triton's messages. A step with a ``plain`` plan takes
+    :func:`plain_request` first (``plain=False``: the caller tried it already).
 
     Raises:
         TritonModelException: a tensor cannot be given the step's name or shape.
     """
+    if plain and step.plain is not None:
+        direct = plain_request(step, value, data, owned)
+        if direct is not None:
+            return direct, 0
     inputs = []
     batch_size = 0
     correlation_id = data.correlation_id

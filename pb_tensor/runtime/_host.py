@@ -89,7 +89,7 @@ class HostInfo:
         }
 
 
-@dataclass
+@dataclass(slots=True)  # made for every request and step: slots build faster
 class RequestData:
     """One request as the runtime hands it to a host (inputs already as tensors)."""
 
