@@ -11,6 +11,15 @@ inside the cleanup of the first cannot leave the heap change half done and unown
 runs signal handlers on entry to a Python function, at every backward jump and after calls into
 C; a retry loop's jump lies outside its own try, so the retries nest (see :func:`persist`), and
 :func:`complete` blocks signals in this thread while it retries.
+
+Every retry loop is written ``while True: if done[0]: break`` and never ``while not
+done[0]:``: on CPython 3.13 an exception that a signal handler raises at the backward jump of
+a loop with a condition escapes every enclosing ``try`` of its frame (none of their ``except``
+or ``finally`` clauses runs; CPython issue 130279) and, inside an ``except`` clause, keeps one
+reference too many, so the frames on its traceback live for good
+(``scripts/except_loop_leak.py``). A ``while True`` loop's jump is handled as designed there.
+The loops test ``True in done`` (no call, as ``done[0]``): mypy would narrow ``done[0]`` from
+one loop's test to the next and call the inner loops' exits unreachable.
 """
 
 from __future__ import annotations
@@ -96,11 +105,17 @@ def complete(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
     unblocked = _ALL_SIGNALS - _sigmask(_SIG_BLOCK, ())
     try:
         _sigmask(_SIG_BLOCK, unblocked)
-        while not done[0]:
+        while True:
+            if True in done:
+                break
             try:
-                while not done[0]:
+                while True:
+                    if True in done:
+                        break
                     try:
-                        while not done[0]:
+                        while True:
+                            if True in done:
+                                break
                             try:
                                 fn(*args)
                                 done[0] = True
@@ -135,11 +150,17 @@ def persist(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
         TritonModelException: what ``fn`` raised.
         BaseException: asynchronous exceptions at every level in a row (see above).
     """
-    while not done[0]:
+    while True:
+        if True in done:
+            break
         try:
-            while not done[0]:
+            while True:
+                if True in done:
+                    break
                 try:
-                    while not done[0]:
+                    while True:
+                        if True in done:
+                            break
                         try:
                             complete(done, fn, *args)
                         except TritonModelException:

@@ -111,9 +111,13 @@ class LockedHeap:
             if cell[0] != handle:
                 done = [False]  # retried until it has run to its end (see _held.persist)
                 args = (m, handle, state, refcount, pending, token, holder)
-                while not done[0]:
+                while True:
+                    if True in done:
+                        break
                     try:
-                        while not done[0]:
+                        while True:
+                            if True in done:
+                                break
                             try:
                                 persist(done, self._undo_allocation, *args)
                             except TritonModelException:
@@ -381,9 +385,13 @@ class LockedHeap:
         except BaseException:
             done = [False]  # retried until it has run to its end (see _held.persist)
             args = (m, handle, refcount, new_pending, token)
-            while not done[0]:
+            while True:
+                if True in done:
+                    break
                 try:
-                    while not done[0]:
+                    while True:
+                        if True in done:
+                            break
                         try:
                             persist(done, self._finish_drop, *args)
                         except TritonModelException:
@@ -441,9 +449,13 @@ class LockedHeap:
         """Give back what ``holder`` took (lock held), as its finaliser would: a taken message
         becomes pending again. Retried until it has run to its end (see _held.persist)."""
         done = [False]
-        while not done[0]:
+        while True:
+            if True in done:
+                break
             try:
-                while not done[0]:
+                while True:
+                    if True in done:
+                        break
                     try:
                         persist(done, self._give_back_holder, m, holder)
                     except TritonModelException:

@@ -464,7 +464,9 @@ def untake(pool: SharedMemoryPool, box: list[Held | None]) -> None:
     pool's next sweep does once it is dead.
     """
     holder = box[0]
-    while holder is not None and holder._token:
+    while True:
+        if holder is None or not holder._token:
+            break
         try:
             pool._untake(box)
         except TritonModelException:
