@@ -13,12 +13,14 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from upstream_models import PYTHON_MODELS, repository
 
 from pb_tensor.runtime import InferenceError, LoadedModel, ModelRepository, Outputs
+from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
 from pb_tensor.utils import TritonError
 
 _MODEL = '''
@@ -274,13 +276,28 @@ def test_batches_hold_requests_of_one_shape(tmp_path: Path, strategy: str) -> No
         assert [i["batch"] for i in infos] == [1, 1]
 
 
-def test_one_request_per_sequence_per_batch(tmp_path: Path) -> None:
+def test_one_request_per_sequence_per_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     """Two requests of one sequence queued together run in two execute calls, in order."""
     repo, model = _load(tmp_path, """
-sequence_batching { oldest { max_candidate_sequences: 2 max_queue_delay_microseconds: 100000 } }
+sequence_batching { oldest { max_candidate_sequences: 2 max_queue_delay_microseconds: 500000 } }
 """, max_batch_size=4)  # fmt: skip
+    # infer_async runs each call on a worker thread of its own, so two calls do not reach the
+    # batcher in the order they were made (nor do two concurrent requests in Triton): the END
+    # request is made once the START one is in its sequence's queue.
+    queued = threading.Event()
+    enqueue = SequenceBatcher._enqueue
+
+    def _observed(self: SequenceBatcher, entry: Any) -> InferenceError | None:
+        refusal = enqueue(self, entry)
+        queued.set()
+        return refusal
+
+    monkeypatch.setattr(SequenceBatcher, "_enqueue", _observed)
     with repo:
         a = model.infer_async(_x(1, True), correlation_id=3, sequence_start=True)
+        assert queued.wait(30)
         b = model.infer_async(_x(2, True), correlation_id=3, sequence_end=True)
         results = [a.result(30), b.result(30)]
     assert [_sum(r) for r in results] == [1, 3]

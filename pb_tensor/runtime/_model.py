@@ -349,6 +349,8 @@ class LoadedModel:
         as with :meth:`infer`. ``future.cancel()`` cancels the request whether it still waits or
         already runs: the model sees ``request.is_cancelled()`` turn True, and the future
         fails with Triton's CANCELLED error. ``asyncio.wrap_future(future)`` awaits it.
+        Calls made one after the other may reach the scheduler in either order, as concurrent
+        requests reach Triton: make a sequence's next request once the previous one is done.
 
         Raises:
             TypeError, TritonModelException: as :meth:`infer`, for malformed inputs (at once;
