@@ -1,5 +1,6 @@
 """The control channel between the runtime and a stub: small tensors travel in one pack per
-message, larger and serialized ones in records of their own."""
+message (inside the message itself while it is small), larger and serialized ones in records
+of their own. The pack tests use channels that send every pack as a record."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from pb_tensor import Tensor, TritonDtype
-from pb_tensor.runtime._channel import PACK_MAX, PACK_TENSOR_MAX, Channel
+from pb_tensor.runtime._channel import INLINE_MAX, PACK_MAX, PACK_TENSOR_MAX, Channel
 from pb_tensor.shm import SharedMemoryPool
 
 
@@ -20,7 +21,7 @@ def pair() -> Iterator[tuple[Channel, Channel, SharedMemoryPool]]:
     pool = SharedMemoryPool.create(1 << 22)
     ours, theirs = Pipe()
     try:
-        yield Channel(ours, pool), Channel(theirs, pool), pool
+        yield Channel(ours, pool, inline_max=0), Channel(theirs, pool, inline_max=0), pool
     finally:
         ours.close()
         theirs.close()
@@ -129,8 +130,8 @@ def chain() -> Iterator[tuple[Channel, Channel, Channel, Channel, SharedMemoryPo
     pool = SharedMemoryPool.create(1 << 22)
     pipes = [Pipe(), Pipe()]
     try:
-        yield (Channel(pipes[0][0], pool), Channel(pipes[0][1], pool),
-               Channel(pipes[1][0], pool), Channel(pipes[1][1], pool), pool)  # fmt: skip
+        a, b, c, d = (Channel(end, pool, inline_max=0) for pipe in pipes for end in pipe)
+        yield a, b, c, d, pool
     finally:
         for ours, theirs in pipes:
             ours.close()
@@ -223,3 +224,88 @@ def test_received_bounds_cover_live_packs_only(
     _received.find(0, 0, pool)  # the next look-up drops the dead packs
     assert len(_received) == 0
     assert _received.bounds == (0, 0)
+
+
+@pytest.fixture
+def inline_pair() -> Iterator[tuple[Channel, Channel, SharedMemoryPool]]:
+    """Channels as the runtime makes them: small packs travel inside the messages."""
+    pool = SharedMemoryPool.create(1 << 22)
+    ours, theirs = Pipe()
+    try:
+        yield Channel(ours, pool), Channel(theirs, pool), pool
+    finally:
+        ours.close()
+        theirs.close()
+        pool.close()
+
+
+def test_a_small_pack_travels_inside_its_message(
+    inline_pair: tuple[Channel, Channel, SharedMemoryPool],
+) -> None:
+    sender, receiver, pool = inline_pair
+    arrays = _arrays()
+    sender.send("x", {"k": 1}, [Tensor(n, a) for n, a in arrays.items()])
+    assert pool.stats().allocations == 0  # no record: the bytes are in the message
+    kind, tensors, body = receiver.recv()
+    assert (kind, body) == ("x", {"k": 1})
+    assert [t.name() for t in tensors] == list(arrays)
+    for t, (name, a) in zip(tensors, arrays.items()):
+        got = t.as_numpy()
+        assert (got.dtype, got.shape) == (a.dtype, a.shape), name
+        np.testing.assert_array_equal(got, a)
+        assert got.flags.c_contiguous, name
+        assert got.flags.writeable, name  # as views of a record are
+    got = tensors[0].as_numpy()
+    got[0, 0] = 42  # the receiver's own memory: the sender's array is untouched
+    assert arrays["f32"][0, 0] == 0
+    assert pool.stats().allocations == 0
+
+
+def test_a_pack_past_inline_max_is_a_record(
+    inline_pair: tuple[Channel, Channel, SharedMemoryPool],
+) -> None:
+    sender, receiver, pool = inline_pair
+    half = np.arange(INLINE_MAX // 8, dtype=np.float32)  # INLINE_MAX / 2 bytes
+    small = [Tensor("a", half), Tensor("b", half + 1)]
+    sender.send("x", None, small)  # exactly INLINE_MAX bytes: inside the message
+    assert pool.stats().allocations == 0
+    _, got, _ = receiver.recv()
+    sender.send("x", None, [*small, Tensor("c", np.ones(1, np.int8))])  # one byte more
+    assert pool.stats().allocations == 1
+    _, more, _ = receiver.recv()
+    np.testing.assert_array_equal(got[1].as_numpy(), half + 1)
+    assert [t.as_numpy().tolist()[-1] for t in more] == [half[-1], half[-1] + 1, 1]
+    del more
+    receiver.send("ack")
+    sender.recv()
+    assert pool.stats().allocations == 0
+
+
+def test_records_and_an_inline_pack_share_one_message(
+    inline_pair: tuple[Channel, Channel, SharedMemoryPool],
+) -> None:
+    sender, receiver, pool = inline_pair
+    big = np.arange(PACK_TENSOR_MAX // 4 + 1, dtype=np.float32)
+    words = np.array([b"a", b"bc"], dtype=np.object_)
+    sender.send("x", None, [Tensor("s0", np.full(3, 5, np.int32)), Tensor("big", big),
+                            Tensor("words", words)])  # fmt: skip
+    assert pool.stats().allocations == 2  # "big" and "words"; "s0" is in the message
+    _, tensors, _ = receiver.recv()
+    assert [t.name() for t in tensors] == ["s0", "big", "words"]
+    assert tensors[0].as_numpy().tolist() == [5, 5, 5]
+    np.testing.assert_array_equal(tensors[1].as_numpy(), big)
+    assert tensors[2].as_numpy().tolist() == [b"a", b"bc"]
+
+
+def test_views_of_an_inline_pack_are_copied_when_passed_on(
+    inline_pair: tuple[Channel, Channel, SharedMemoryPool],
+) -> None:
+    # Not in the pool, so there is no record to pass on by reference: they travel again.
+    sender, receiver, pool = inline_pair
+    sender.send("x", None, [Tensor("x", np.arange(4, dtype=np.float32))])
+    _, (x,), _ = receiver.recv()
+    receiver.send("y", None, [x, Tensor("tail", x.as_numpy()[2:])])
+    assert pool.stats().allocations == 0
+    _, got, _ = sender.recv()
+    assert [t.as_numpy().tolist() for t in got] == [[0.0, 1.0, 2.0, 3.0], [2.0, 3.0]]
+    assert got[0].data_ptr != x.data_ptr

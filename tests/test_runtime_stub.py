@@ -115,14 +115,12 @@ def test_large_responses_are_not_pinned_while_idle() -> None:
         out = model.infer({"INPUT0": big, "INPUT1": big})
         assert out["OUTPUT0"][0] == 2.0
         del out
-        # The small requests' inputs and outputs travel in one pack each way (see _channel;
-        # the sender of a pack holds nothing: its message keeps it until loaded): the big
-        # request released the inputs' pack of the last one (alive in the stub until its
-        # next command), and the stub now keeps the big request's two input records
-        # instead. Without another request the stub was told the big outputs were loaded,
-        # so once the caller drops them their records are freed (the stub reads the ack
-        # while idle): pinned, they would be two allocations more.
-        expected = baseline - 1 + 2
+        # The small requests' inputs and outputs travel inside the messages (see _channel:
+        # INLINE_MAX), so they hold no record; the stub now keeps the big request's two
+        # input records until its next command. Without another request the stub was told
+        # the big outputs were loaded, so once the caller drops them their records are freed
+        # (the stub reads the ack while idle): pinned, they would be two allocations more.
+        expected = baseline + 2
         deadline = time.monotonic() + 10
         while r.pool.stats().allocations != expected and time.monotonic() < deadline:
             time.sleep(0.02)

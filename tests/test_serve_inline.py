@@ -18,6 +18,7 @@ from serve_support import needs_serve, raw
 pytestmark = needs_serve
 
 _MODEL = textwrap.dedent("""
+    import asyncio
     import json
     import threading
     import time
@@ -26,15 +27,23 @@ _MODEL = textwrap.dedent("""
     import triton_python_backend_utils as pb_utils
 
 
+    async def _suffix():
+        await asyncio.sleep(0)
+        return b" asyncio.run"
+
+
     class TritonPythonModel:
         def execute(self, requests):
             responses = []
             for request in requests:
-                pause = json.loads(request.parameters()).get("sleep_ms", 0)
+                parameters = json.loads(request.parameters())
+                pause = parameters.get("sleep_ms", 0)
                 if pause:
                     time.sleep(pause / 1000)
                 x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
                 name = threading.current_thread().name.encode()
+                if parameters.get("asyncio_run"):  # as in Triton's stub: no loop is running
+                    name += asyncio.run(_suffix())
                 thread = np.array([name] * x.size, dtype=object).reshape(x.shape)
                 responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("THREAD", thread)]))
             return responses
@@ -72,12 +81,12 @@ def server(tmp_path_factory: Any) -> Iterator[Any]:
         yield running
 
 
-def _thread(server: Any, model: str, sleep_ms: int = 0) -> str:
+def _thread(server: Any, model: str, sleep_ms: int = 0, asyncio_run: bool = False) -> str:
     shape = [1, 1] if model == "batched" else [1]
     body: dict[str, Any] = {"inputs": [{"name": "X", "datatype": "INT32", "shape": shape,
                                         "data": [0]}]}
-    if sleep_ms:
-        body["parameters"] = {"sleep_ms": sleep_ms}
+    if sleep_ms or asyncio_run:
+        body["parameters"] = {"sleep_ms": sleep_ms, "asyncio_run": asyncio_run}
     status, _, data = raw(server.http_url, "POST", f"/v2/models/{model}/infer",
                           json.dumps(body).encode())
     assert status == 200, data
@@ -112,6 +121,23 @@ def test_quick_model_moves_to_the_loop_and_back_when_slow(server: Any) -> None:
     assert _thread(server, "quick", sleep_ms=slow_ms) == _LOOP
     threads = {_thread(server, "quick") for _ in range(3 * WARMUP)}
     assert all(t.startswith(_WORKER) for t in threads), threads
+
+
+def test_inline_execute_sees_no_running_loop(tmp_path_factory: Any) -> None:
+    # The loop is hidden while the model runs on its thread: asyncio.run works in execute,
+    # as in Triton's stub (and on a worker thread).
+    from pb_tensor.serve import Options, Server
+
+    options = Options([_repository(tmp_path_factory)], http_port=0, grpc_port=0,
+                      metrics_port=0, allow_metrics=False, allow_grpc=False, in_process=True,
+                      inline_quick_models=True)  # fmt: skip
+    with Server(options) as running:
+        assert _thread(running, "quick", asyncio_run=True).startswith(_WORKER)
+        _until_loop(running, "quick")
+        assert _thread(running, "quick", asyncio_run=True) == f"{_LOOP} asyncio.run"
+        # The server's loop is back: it serves, and the model runs on its thread again
+        # (asyncio.run's loop took longer than a quick run: the warm-up starts again).
+        _until_loop(running, "quick")
 
 
 def test_models_that_wait_for_others_never_run_on_the_loop(server: Any) -> None:

@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--inline-quick-models", type=_bool, nargs="?", const=True, default=False,
         metavar="BOOL",
         help="with --in-process, run a model that has shown it is quick on the event loop's "
-             "thread (faster; unlike Triton, its execute then runs where an asyncio loop is "
-             "running; default false)")
+             "thread (faster; a model that turns slow then holds up the server while it "
+             "runs; default false)")
 
 
 def options_from_args(args: argparse.Namespace) -> Any:

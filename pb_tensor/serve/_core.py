@@ -33,7 +33,7 @@ from pb_tensor.serve._errors import (
     ServeError,
 )
 from pb_tensor.serve._handoff import Handoff, await_future
-from pb_tensor.serve._inline import InlinePolicy
+from pb_tensor.serve._inline import InlinePolicy, run_outside_loop
 from pb_tensor.serve._shm import Regions
 
 __all__ = ["Core", "ModelState", "Options", "parse_version"]
@@ -375,7 +375,7 @@ class Core:
                 self._inline.record(model, time.perf_counter_ns() - start, inline)
 
         try:
-            result = run() if inline else await self._handoff.run(run)
+            result = run_outside_loop(run) if inline else await self._handoff.run(run)
         except asyncio.CancelledError:
             stream.cancel()
             raise

@@ -3,9 +3,8 @@
 Handing a request to a worker thread and its answer back to the event loop costs two thread
 wake-ups (measured on 2 cores: ~70 us of CPU and a quarter of the throughput of a
 16-element add_sub over HTTP). A model that has shown it is quick skips them: with
-``--in-process --inline-quick-models`` (an opt-in: there, ``execute`` runs where an asyncio
-loop is running, which Triton's stub never does), a request runs on the event loop's thread
-when its model
+``--in-process --inline-quick-models`` (an opt-in: a model that turns slow holds up every
+client while it runs), a request runs on the event loop's thread when its model
 
 - has no scheduler that waits for other requests (no ``dynamic_batching``, no
   ``sequence_batching``, not an ensemble) and is not decoupled,
@@ -19,16 +18,24 @@ requests back to the worker threads and through the warm-up again; the
 :data:`STRIKES`-th such request, for good. The first run of a model on each thread does
 not count (measured, it can take ~0.3 ms where the next takes 0.04). A model that turns
 slow holds up the event loop (other clients, health checks) at most that many times.
+
+While such a request runs, the loop is hidden (:func:`run_outside_loop`): the model finds no
+running asyncio loop, as in Triton's stub, so ``asyncio.run`` inside ``execute`` works.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pb_tensor.runtime import LoadedModel
 
-__all__ = ["FAST_NS", "SLOW_NS", "STRIKES", "WARMUP", "InlinePolicy", "waits_for_others"]
+__all__ = ["FAST_NS", "SLOW_NS", "STRIKES", "WARMUP", "InlinePolicy", "run_outside_loop",
+           "waits_for_others"]
+
+_T = TypeVar("_T")
 
 FAST_NS = 500_000
 """Longest run (nanoseconds, from the request's start to its response) that counts as
@@ -42,6 +49,18 @@ WARMUP = 16
 
 STRIKES = 2
 """Slow runs on the loop's thread after which a loaded model's requests never run there."""
+
+
+def run_outside_loop(fn: Callable[[], _T]) -> _T:
+    """Call ``fn`` on the event loop's thread with no running loop set, then set it back:
+    a model's ``execute`` sees what it sees in Triton's stub (``asyncio.get_running_loop()``
+    raises, ``asyncio.run`` works). Raises what ``fn`` raises."""
+    loop = asyncio.events._get_running_loop()
+    asyncio.events._set_running_loop(None)
+    try:
+        return fn()
+    finally:
+        asyncio.events._set_running_loop(loop)
 
 
 def waits_for_others(config: dict[str, Any]) -> bool:

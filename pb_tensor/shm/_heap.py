@@ -512,6 +512,11 @@ def _rebuild(
     for b in range(NBINS):
         U64.pack_into(mm, OFF_BINS + 8 * b, 0)
     U64.pack_into(mm, OFF_BITMAP, 0)
+    # The free lists are built from what this walk found, never read back from the mapping:
+    # a process that scribbles on the header meanwhile must not send a write past the heap
+    # (a head read back could be any value). Written as they grow, as _bin_insert would.
+    heads = [0] * NBINS
+    bitmap = 0
     prev = 0
     for off, state, size in blocks:
         # State and size in one store: a repairer that dies here leaves a walkable heap.
@@ -519,7 +524,16 @@ def _rebuild(
         U64.pack_into(mm, off + OFF_PREV, prev)
         if state == FREE:
             mm[off + BLOCK_HDR : off + BLOCK_HDR + REF.size] = REF.pack(0, 0)
-            _bin_insert(mm, off, size)
+            b = size.bit_length() - 1
+            head = heads[b]
+            U64.pack_into(mm, off + OFF_NEXT_FREE, head)
+            U64.pack_into(mm, off + OFF_PREV_FREE, 0)
+            if head:
+                U64.pack_into(mm, head + OFF_PREV_FREE, off)
+            heads[b] = off
+            bitmap |= 1 << b
+            U64.pack_into(mm, OFF_BINS + 8 * b, off)
+            U64.pack_into(mm, OFF_BITMAP, bitmap)
         prev = size
     U64.pack_into(mm, end + OFF_PREV, prev)
     U64.pack_into(mm, OFF_USED, used)
