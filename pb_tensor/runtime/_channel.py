@@ -19,8 +19,9 @@ A message whose pack would hold at most ``INLINE_MAX`` bytes carries the pack's 
 instead (a ``bytearray``: the receiver's views are writable, as views of a record are): the
 record would cost a save, a load and a give-back under the pool's lock (with two ``flock``
 calls each) where copying a few kilobytes through the socket costs less. A small request or
-response (add_sub's (16,) FP32 tensors) then needs no pool operation at all: measured on
-add_sub in a stub process, 1363 against ~~ µs per request.
+response (add_sub's (16,) FP32 tensors) then needs no pool operation at all: an isolated
+``infer`` of add_sub with 4 KiB inputs took 364 / 1,044 us against 1,428 / 1,262 us with a
+record per pack (two alternated runs of ``bench_runtime.py``).
 
 A tensor that is a view of a pack this process received (a step's output that an ensemble
 passes on, an input a model returns as an output) is not copied again: the message names its
