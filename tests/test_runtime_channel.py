@@ -16,16 +16,23 @@ from pb_tensor.runtime._channel import INLINE_MAX, PACK_MAX, PACK_TENSOR_MAX, Ch
 from pb_tensor.shm import SharedMemoryPool
 
 
-@pytest.fixture
-def pair() -> Iterator[tuple[Channel, Channel, SharedMemoryPool]]:
+def _pair(inline_max: int) -> Iterator[tuple[Channel, Channel, SharedMemoryPool]]:
     pool = SharedMemoryPool.create(1 << 22)
     ours, theirs = Pipe()
     try:
-        yield Channel(ours, pool, inline_max=0), Channel(theirs, pool, inline_max=0), pool
+        yield (Channel(ours, pool, inline_max=inline_max),
+               Channel(theirs, pool, inline_max=inline_max), pool)  # fmt: skip
     finally:
         ours.close()
         theirs.close()
         pool.close()
+
+
+@pytest.fixture
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Channel, Channel, SharedMemoryPool]]:
+    """Channels that send every pack as a record (or, parametrized, up to ``param`` bytes
+    inside the message)."""
+    yield from _pair(getattr(request, "param", 0))
 
 
 def _arrays() -> dict[str, np.ndarray]:
@@ -40,6 +47,17 @@ def _arrays() -> dict[str, np.ndarray]:
     }
 
 
+def _check_received(tensors: list[Tensor], arrays: dict[str, np.ndarray]) -> None:
+    """``tensors`` hold ``arrays``' names and values: C-contiguous, writable."""
+    assert [t.name() for t in tensors] == list(arrays)
+    for t, (name, a) in zip(tensors, arrays.items()):
+        got = t.as_numpy()
+        assert (got.dtype, got.shape) == (a.dtype, a.shape), name
+        np.testing.assert_array_equal(got, a)
+        assert got.flags.c_contiguous, name
+        assert got.flags.writeable, name
+
+
 def test_small_tensors_travel_in_one_allocation(
     pair: tuple[Channel, Channel, SharedMemoryPool],
 ) -> None:
@@ -49,14 +67,10 @@ def test_small_tensors_travel_in_one_allocation(
     assert pool.stats().allocations == 1  # one record per tensor before packs: 7
     kind, tensors, body = receiver.recv()
     assert (kind, body) == ("x", {"k": 1})
-    assert [t.name() for t in tensors] == list(arrays)
-    for t, (name, a) in zip(tensors, arrays.items()):
+    _check_received(tensors, arrays)
+    for t in tensors:
         got = t.as_numpy()
-        assert (got.dtype, got.shape) == (a.dtype, a.shape), name
-        np.testing.assert_array_equal(got, a)
-        assert got.flags.c_contiguous, name
-        assert got.flags.writeable, name
-        assert got.ctypes.data % 64 == 0 or got.nbytes == 0, name
+        assert got.ctypes.data % 64 == 0 or got.nbytes == 0, t.name()
     assert tensors[2].dtype == TritonDtype.TYPE_FP16
     # The receiver's tensors keep the pack alive; once they and the sender's hold (released
     # by the receiver's next message) are gone, nothing is left.
@@ -67,16 +81,20 @@ def test_small_tensors_travel_in_one_allocation(
     assert pool.stats().allocations == 0
 
 
+@pytest.mark.parametrize("pair", [0, INLINE_MAX], ids=["pack_record", "pack_inline"],
+                         indirect=True)  # fmt: skip
 def test_large_and_serialized_tensors_keep_their_records(
     pair: tuple[Channel, Channel, SharedMemoryPool],
 ) -> None:
     sender, receiver, pool = pair
+    inline_max = sender.inline_max
     big = np.arange(PACK_TENSOR_MAX // 4 + 1, dtype=np.float32)
     words = np.array([b"a", b"bc"], dtype=np.object_)
     small = [Tensor(f"s{i}", np.full(3, i, np.int32)) for i in range(3)]
     sender.send("x", None, [small[0], Tensor("big", big), small[1], Tensor("words", words),
                             small[2]])  # fmt: skip
-    assert pool.stats().allocations == 3  # the pack, "big", "words"
+    # "big", "words", and the pack unless it travels inside the message
+    assert pool.stats().allocations == (3 if inline_max == 0 else 2)
     _, tensors, _ = receiver.recv()
     assert [t.name() for t in tensors] == ["s0", "big", "s1", "words", "s2"]
     np.testing.assert_array_equal(tensors[1].as_numpy(), big)
@@ -229,14 +247,7 @@ def test_received_bounds_cover_live_packs_only(
 @pytest.fixture
 def inline_pair() -> Iterator[tuple[Channel, Channel, SharedMemoryPool]]:
     """Channels as the runtime makes them: small packs travel inside the messages."""
-    pool = SharedMemoryPool.create(1 << 22)
-    ours, theirs = Pipe()
-    try:
-        yield Channel(ours, pool), Channel(theirs, pool), pool
-    finally:
-        ours.close()
-        theirs.close()
-        pool.close()
+    yield from _pair(INLINE_MAX)
 
 
 def test_a_small_pack_travels_inside_its_message(
@@ -248,13 +259,7 @@ def test_a_small_pack_travels_inside_its_message(
     assert pool.stats().allocations == 0  # no record: the bytes are in the message
     kind, tensors, body = receiver.recv()
     assert (kind, body) == ("x", {"k": 1})
-    assert [t.name() for t in tensors] == list(arrays)
-    for t, (name, a) in zip(tensors, arrays.items()):
-        got = t.as_numpy()
-        assert (got.dtype, got.shape) == (a.dtype, a.shape), name
-        np.testing.assert_array_equal(got, a)
-        assert got.flags.c_contiguous, name
-        assert got.flags.writeable, name  # as views of a record are
+    _check_received(tensors, arrays)  # writable too, as views of a record are
     got = tensors[0].as_numpy()
     got[0, 0] = 42  # the receiver's own memory: the sender's array is untouched
     assert arrays["f32"][0, 0] == 0
@@ -279,22 +284,6 @@ def test_a_pack_past_inline_max_is_a_record(
     receiver.send("ack")
     sender.recv()
     assert pool.stats().allocations == 0
-
-
-def test_records_and_an_inline_pack_share_one_message(
-    inline_pair: tuple[Channel, Channel, SharedMemoryPool],
-) -> None:
-    sender, receiver, pool = inline_pair
-    big = np.arange(PACK_TENSOR_MAX // 4 + 1, dtype=np.float32)
-    words = np.array([b"a", b"bc"], dtype=np.object_)
-    sender.send("x", None, [Tensor("s0", np.full(3, 5, np.int32)), Tensor("big", big),
-                            Tensor("words", words)])  # fmt: skip
-    assert pool.stats().allocations == 2  # "big" and "words"; "s0" is in the message
-    _, tensors, _ = receiver.recv()
-    assert [t.name() for t in tensors] == ["s0", "big", "words"]
-    assert tensors[0].as_numpy().tolist() == [5, 5, 5]
-    np.testing.assert_array_equal(tensors[1].as_numpy(), big)
-    assert tensors[2].as_numpy().tolist() == [b"a", b"bc"]
 
 
 def test_views_of_an_inline_pack_are_copied_when_passed_on(

@@ -185,7 +185,7 @@ class Channel:
     ) -> None:  # fmt: skip
         self.conn = conn
         self.pool = pool
-        self._inline_max = inline_max
+        self.inline_max = inline_max
         self._send_lock = threading.Lock()
         self._out_seq = 0
         self._in_seq = 0
@@ -274,7 +274,7 @@ class Channel:
             else:
                 places.append(-1)
                 keep.append(t)
-        inline = packed and total <= self._inline_max
+        inline = packed and total <= self.inline_max
         if not shared and packed < 2 and not inline:  # a pack of one saves nothing
             keep = list(tensors)
             return [t.save_to_shared_memory(pool) for t in tensors], keep, [0]
