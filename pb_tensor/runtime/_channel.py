@@ -16,7 +16,8 @@ and BF16 tensors (serialized, or kept through DLPack) and GPU tensors keep a rec
 so that large data is never copied on the way.
 
 A message whose pack would hold at most ``INLINE_MAX`` bytes carries the pack's bytes itself
-instead (a ``bytearray``: the receiver's views are writable, as views of a record are): the
+instead (the receiver copies it to 64-byte aligned memory of its own: its views are writable
+and aligned, as views of a record are, which JAX needs to import them without a copy): the
 record would cost a save, a load and a give-back under the pool's lock (with two ``flock``
 calls each) where copying a few kilobytes through the socket costs less. A small request or
 response (add_sub's (16,) FP32 tensors) then needs no pool operation at all: an isolated
@@ -329,7 +330,7 @@ class Channel:
         pool = self.pool
         # (packs[0]: a handle, 0 if no new pack, or the new pack's bytes, maybe empty)
         if packs is not None and (packs[0] != 0 or len(packs) > 1):
-            buffers = [h if type(h) is bytearray else _load_pack(pool, h) if h else None
+            buffers = [_aligned(h) if type(h) is bytearray else _load_pack(pool, h) if h else None
                        for h in packs]  # fmt: skip
             tensors = [
                 Tensor.load_from_shared_memory(pool, p) if isinstance(p, int) else
@@ -352,6 +353,17 @@ class Channel:
     def close(self) -> None:
         """Close the socket (the peer sees end of stream)."""
         self.conn.close()
+
+
+def _aligned(data: bytearray) -> np.ndarray[Any, Any]:
+    """A pack that came inside its message, copied to 64-byte aligned memory (a bytearray's is
+    only 16-byte aligned): its tensors' views are aligned as views of a record are."""
+    size = len(data)
+    block = np.empty(size + _ALIGN, np.uint8)
+    start = -data_pointer(block) % _ALIGN
+    aligned = block[start : start + size]
+    aligned[:] = np.frombuffer(data, np.uint8)
+    return aligned
 
 
 def _load_pack(pool: SharedMemoryPool, handle: int) -> PickleBuffer:
