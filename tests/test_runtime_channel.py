@@ -143,12 +143,16 @@ def test_a_pack_of_empty_tensors(pair: tuple[Channel, Channel, SharedMemoryPool]
 
 
 @pytest.fixture
-def chain() -> Iterator[tuple[Channel, Channel, Channel, Channel, SharedMemoryPool]]:
-    """Two channels on one pool, as the runtime's to two stubs: a -> b, then b's end c -> d."""
+def chain(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[Channel, Channel, Channel, Channel, SharedMemoryPool]]:
+    """Two channels on one pool, as the runtime's to two stubs: a -> b, then b's end c -> d
+    (every pack a record; parametrized, up to ``param`` bytes inside the message)."""
+    inline_max = getattr(request, "param", 0)
     pool = SharedMemoryPool.create(1 << 22)
     pipes = [Pipe(), Pipe()]
     try:
-        a, b, c, d = (Channel(end, pool, inline_max=0) for pipe in pipes for end in pipe)
+        a, b, c, d = (Channel(end, pool, inline_max=inline_max) for pipe in pipes for end in pipe)
         yield a, b, c, d, pool
     finally:
         for ours, theirs in pipes:
@@ -301,3 +305,22 @@ def test_views_of_an_inline_pack_are_copied_when_passed_on(
     _, got, _ = sender.recv()
     assert [t.as_numpy().tolist() for t in got] == [[0.0, 1.0, 2.0, 3.0], [2.0, 3.0]]
     assert got[0].data_ptr != x.data_ptr
+
+
+@pytest.mark.parametrize("chain", [INLINE_MAX], indirect=True)
+def test_a_received_record_pack_and_an_inline_pack_share_one_message(
+    chain: tuple[Channel, Channel, Channel, Channel, SharedMemoryPool],
+) -> None:
+    # A stub passes on a view of a pack it received as a record (too big to travel inside)
+    # together with a new small tensor, which travels inside the message.
+    a, b, c, d, pool = chain
+    halves = [np.full(INLINE_MAX // 4, i, np.float32) for i in (1, 2)]  # 2 x INLINE_MAX
+    a.send("out", None, [Tensor("x", halves[0]), Tensor("y", halves[1])])
+    assert pool.stats().allocations == 1  # one pack, as a record
+    _, (x, _y), _ = b.recv()
+    c.send("in", None, [Tensor("new", np.arange(3, dtype=np.int64)), x])
+    assert pool.stats().allocations == 1  # x by reference, "new" inside the message
+    _, got, _ = d.recv()
+    assert got[0].as_numpy().tolist() == [0, 1, 2]
+    assert got[1].data_ptr == x.data_ptr
+    np.testing.assert_array_equal(got[1].as_numpy(), halves[0])
