@@ -214,8 +214,7 @@ class Channel:
                 self._held.append((self._out_seq, keep))
             try:
                 # pickle itself rather than Connection.send's ForkingPickler (2.3 against 11
-                # us a message: nothing here needs its reducers), and protocol 5, which
-                # writes a pack's bytearray as it is.
+                # us a message: nothing here needs its reducers).
                 self.conn.send_bytes(
                     _dumps((self._out_seq, self._in_seq, kind, places, body, packs), 5))
             except (OSError, EOFError, ValueError) as exc:
@@ -224,7 +223,7 @@ class Channel:
 
     def _places(
         self, tensors: Sequence[Tensor],
-    ) -> tuple[list[_Place], list[Tensor], list[int | bytearray]]:  # fmt: skip
+    ) -> tuple[list[_Place], list[Tensor], list[int | bytes]]:  # fmt: skip
         """Save ``tensors`` for a message: where each one travels, what the sender keeps
         alive until the peer loaded them, and its packs: their handles (the first 0 when
         nothing was copied into a new pack), the first one the new pack's bytes when it
@@ -279,14 +278,14 @@ class Channel:
         if not shared and packed < 2 and not inline:  # a pack of one saves nothing
             keep = list(tensors)
             return [t.save_to_shared_memory(pool) for t in tensors], keep, [0]
-        packs: list[int | bytearray] = [0] * (len(shared) + 1)
+        packs: list[int | bytes] = [0] * (len(shared) + 1)
         saved: list[int] = []  # handed out so far: given back if a later save fails
         try:
             for handle, k in shared.items():
                 packs[k] = added = pool.add_message(handle)
                 saved.append(added)
             if inline:
-                packs[0] = bytearray().join(chunks)
+                packs[0] = b"".join(chunks)
             elif packed:
                 # The pack's record carries one message, which keeps it alive until the
                 # receiver's load takes it over: the sender holds nothing for it.
@@ -330,7 +329,7 @@ class Channel:
         pool = self.pool
         # (packs[0]: a handle, 0 if no new pack, or the new pack's bytes, maybe empty)
         if packs is not None and (packs[0] != 0 or len(packs) > 1):
-            buffers = [_aligned(h) if type(h) is bytearray else _load_pack(pool, h) if h else None
+            buffers = [_aligned(h) if type(h) is bytes else _load_pack(pool, h) if h else None
                        for h in packs]  # fmt: skip
             tensors = [
                 Tensor.load_from_shared_memory(pool, p) if isinstance(p, int) else
@@ -355,9 +354,10 @@ class Channel:
         self.conn.close()
 
 
-def _aligned(data: bytearray) -> np.ndarray[Any, Any]:
-    """A pack that came inside its message, copied to 64-byte aligned memory (a bytearray's is
-    only 16-byte aligned): its tensors' views are aligned as views of a record are."""
+def _aligned(data: bytes) -> np.ndarray[Any, Any]:
+    """A pack that came inside its message, copied to 64-byte aligned memory of this process
+    (the unpickled bytes are read-only and only 16-byte aligned): its tensors' views are
+    writable and aligned, as views of a record are."""
     size = len(data)
     block = np.empty(size + _ALIGN, np.uint8)
     start = -data_pointer(block) % _ALIGN

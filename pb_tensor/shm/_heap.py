@@ -222,14 +222,19 @@ def _larger_bin_head(mm: mmap, bitmap: int, b: int) -> int:
 
 def _bin_insert(mm: mmap, off: int, size: int) -> None:
     b = size.bit_length() - 1
-    slot = OFF_BINS + 8 * b
-    head = U64.unpack_from(mm, slot)[0]
+    head = U64.unpack_from(mm, OFF_BINS + 8 * b)[0]
+    _bin_push(mm, off, b, head, U64.unpack_from(mm, OFF_BITMAP)[0] | 1 << b)
+
+
+def _bin_push(mm: mmap, off: int, b: int, head: int, bitmap: int) -> None:
+    """Make the free block at ``off`` the head of bin ``b`` before ``head`` (its current
+    head) and store ``bitmap``: writes only, from values the caller knows."""
     U64.pack_into(mm, off + OFF_NEXT_FREE, head)
     U64.pack_into(mm, off + OFF_PREV_FREE, 0)
     if head:
         U64.pack_into(mm, head + OFF_PREV_FREE, off)
-    U64.pack_into(mm, slot, off)
-    U64.pack_into(mm, OFF_BITMAP, U64.unpack_from(mm, OFF_BITMAP)[0] | 1 << b)
+    U64.pack_into(mm, OFF_BINS + 8 * b, off)
+    U64.pack_into(mm, OFF_BITMAP, bitmap)
 
 
 def _bin_remove(mm: mmap, size: int, nxt: int, prv: int) -> None:
@@ -514,7 +519,7 @@ def _rebuild(
     U64.pack_into(mm, OFF_BITMAP, 0)
     # The free lists are built from what this walk found, never read back from the mapping:
     # a process that scribbles on the header meanwhile must not send a write past the heap
-    # (a head read back could be any value). Written as they grow, as _bin_insert would.
+    # (a head read back could be any value). Written as they grow, as _bin_insert does.
     heads = [0] * NBINS
     bitmap = 0
     prev = 0
@@ -525,15 +530,9 @@ def _rebuild(
         if state == FREE:
             mm[off + BLOCK_HDR : off + BLOCK_HDR + REF.size] = REF.pack(0, 0)
             b = size.bit_length() - 1
-            head = heads[b]
-            U64.pack_into(mm, off + OFF_NEXT_FREE, head)
-            U64.pack_into(mm, off + OFF_PREV_FREE, 0)
-            if head:
-                U64.pack_into(mm, head + OFF_PREV_FREE, off)
-            heads[b] = off
             bitmap |= 1 << b
-            U64.pack_into(mm, OFF_BINS + 8 * b, off)
-            U64.pack_into(mm, OFF_BITMAP, bitmap)
+            _bin_push(mm, off, b, heads[b], bitmap)
+            heads[b] = off
         prev = size
     U64.pack_into(mm, end + OFF_PREV, prev)
     U64.pack_into(mm, OFF_USED, used)
