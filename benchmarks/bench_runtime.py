@@ -23,6 +23,7 @@ out.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -216,45 +217,95 @@ def _cpu_us(pid: int | None) -> tuple[float, float]:
     return (usage.ru_utime + usage.ru_stime) * 1e6, stub
 
 
+def _split_cpus() -> tuple[set[int], str] | None:
+    """(the callers' CPU, the stubs' ``cpu-cores``) where this machine can keep them apart:
+    Linux's per-thread affinity and two or more CPUs; None elsewhere."""
+    if not hasattr(os, "sched_getaffinity") or not os.path.isdir("/proc/self/task"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {cpus[0]}, ",".join(f"{c}-{c}" for c in cpus[1:])
+
+
+@contextlib.contextmanager
+def _bound(cpus: set[int]) -> Iterator[None]:
+    """Every thread of this process on ``cpus`` (threads started meanwhile inherit it), and
+    each thread that is still there back where it was afterwards."""
+    before: dict[int, set[int]] = {}
+    for name in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            before[int(name)] = os.sched_getaffinity(int(name))
+            os.sched_setaffinity(int(name), cpus)
+    try:
+        yield
+    finally:
+        for task, was in before.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(task, was)
+
+
+def _batching(repo: ModelRepository, quick: bool, report: Callable[..., None],
+              lines: list[str], title: str) -> None:  # fmt: skip
+    """add_sub with and without ``dynamic_batching``, 16 concurrent callers, alternated."""
+    a = np.arange(16, dtype=np.float32)[None, :]
+    b = np.ones((1, 16), dtype=np.float32)
+    rounds = 2 if quick else 4
+    per_caller = 25 if quick else 100
+    plain = repo.load("add_sub_plain", isolated=True)
+    batched = repo.load("add_sub_batched", isolated=True)
+    out = batched.infer({"INPUT0": a, "INPUT1": b})
+    np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+    pairs = []
+    cpu: list[tuple[float, float, float, float]] = []  # host, stub: plain, batched
+    for _ in range(rounds):
+        before = _cpu_us(plain.pid)
+        p = _concurrent_rps(lambda: plain.infer({"INPUT0": a, "INPUT1": b}), 16, per_caller)
+        middle = _cpu_us(plain.pid)
+        between = _cpu_us(batched.pid)
+        q = _concurrent_rps(lambda: batched.infer({"INPUT0": a, "INPUT1": b}), 16,
+                            per_caller)  # fmt: skip
+        after = _cpu_us(batched.pid)
+        pairs.append((p, q))
+        n = 16 * per_caller
+        cpu.append(((middle[0] - before[0]) / n, (middle[1] - before[1]) / n,
+                    (after[0] - between[0]) / n, (after[1] - between[1]) / n))  # fmt: skip
+    stats = batched.statistics()
+    mean_batch = stats["inference_count"] / max(1, stats["execution_count"])
+    lines.append(title)
+    plain_rps = statistics.median(p for p, _ in pairs)
+    report("  without dynamic_batching", f"{plain_rps:9.0f} req/s")
+    report(f"  dynamic_batching (mean batch {mean_batch:.1f}) (target >= 4x)",
+           f"{statistics.median(q for _, q in pairs):9.0f} req/s",
+           statistics.median(q / p for p, q in pairs), 4.0, higher_is_worse=False)
+    per = [statistics.median(c[i] for c in cpu) for i in range(4)]
+    report("  CPU per request, runtime + stub: without / with batching",
+           f"{per[0]:.0f}+{per[1]:.0f} / {per[2]:.0f}+{per[3]:.0f} us")
+
+
 def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> None:
     root = tempfile.mkdtemp(prefix="pb-tensor-bench-")
     try:
         _scheduling_repository(root)
-        a = np.arange(16, dtype=np.float32)[None, :]
-        b = np.ones((1, 16), dtype=np.float32)
-        rounds = 2 if quick else 4
-        per_caller = 25 if quick else 100
         with ModelRepository(root) as repo:
-            plain = repo.load("add_sub_plain", isolated=True)
-            batched = repo.load("add_sub_batched", isolated=True)
-            out = batched.infer({"INPUT0": a, "INPUT1": b})
-            np.testing.assert_array_equal(out["OUTPUT0"], a + b)
-            pairs = []
-            cpu: list[tuple[float, float, float, float]] = []  # host, stub: plain, batched
-            for _ in range(rounds):
-                before = _cpu_us(plain.pid)
-                p = _concurrent_rps(lambda: plain.infer({"INPUT0": a, "INPUT1": b}), 16,
-                                    per_caller)
-                middle = _cpu_us(plain.pid)
-                between = _cpu_us(batched.pid)
-                q = _concurrent_rps(lambda: batched.infer({"INPUT0": a, "INPUT1": b}), 16,
-                                    per_caller)
-                after = _cpu_us(batched.pid)
-                pairs.append((p, q))
-                n = 16 * per_caller
-                cpu.append(((middle[0] - before[0]) / n, (middle[1] - before[1]) / n,
-                            (after[0] - between[0]) / n, (after[1] - between[1]) / n))
-            stats = batched.statistics()
-            mean_batch = stats["inference_count"] / max(1, stats["execution_count"])
-            lines.append("add_sub (16,) float32 x 16 concurrent callers, stub process")
-            plain_rps = statistics.median(p for p, _ in pairs)
-            report("  without dynamic_batching", f"{plain_rps:9.0f} req/s")
-            report(f"  dynamic_batching (mean batch {mean_batch:.1f}) (target >= 4x)",
-                   f"{statistics.median(q for _, q in pairs):9.0f} req/s",
-                   statistics.median(q / p for p, q in pairs), 4.0, higher_is_worse=False)
-            per = [statistics.median(c[i] for c in cpu) for i in range(4)]
-            report("  CPU per request, runtime + stub: without / with batching",
-                   f"{per[0]:.0f}+{per[1]:.0f} / {per[2]:.0f}+{per[3]:.0f} us")
+            _batching(repo, quick, report, lines,
+                      "add_sub (16,) float32 x 16 concurrent callers, stub process")
+        split = _split_cpus()
+        if split is None:
+            lines.append("add_sub x 16 callers, callers and stubs on CPUs of their own: "
+                         "skipped (needs Linux and 2+ CPUs)")
+        else:
+            # The same, with the callers' threads on one CPU and the stubs on the others
+            # (--host-policy=cpu,cpu-cores=...): 16 Python threads handing the GIL to each
+            # other across CPUs cost several times their work (docs/runtime.md).
+            callers, cores = split
+            with _bound(callers), ModelRepository(
+                root, host_policies={"cpu": {"cpu-cores": cores}}
+            ) as repo:
+                _batching(repo, quick, report, lines,
+                          f"the same, callers on CPU {min(callers)}, stubs on cpu-cores={cores}")
+        rounds = 2 if quick else 4
+        with ModelRepository(root) as repo:
             one = repo.load("sleep_one", isolated=True)
             two = repo.load("sleep_two", isolated=True)
             x = {"IN": np.ones(1, np.float32)}

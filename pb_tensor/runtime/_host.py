@@ -75,6 +75,9 @@ class HostInfo:
     share_inputs: bool = False
     # pb-tensor's additions to Triton's API inside the model (pb_tensor.extras_policy).
     pb_tensor_extras: bool = False
+    # The CPUs of the instance's host policy ("cpu-cores"; empty: no binding). A stub binds
+    # its process to them; an in-process instance shares the caller's threads and binds none.
+    cpus: tuple[int, ...] = ()
 
     def initialize_args(self) -> dict[str, str]:
         """``initialize(args)``: the keys and string values Triton's stub launcher passes."""

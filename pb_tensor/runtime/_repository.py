@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor
@@ -17,6 +17,13 @@ from pb_tensor.runtime._ensemble_load import check_ensemble_config, is_ensemble,
 from pb_tensor.runtime._errors import InferenceError, ModelLoadError
 from pb_tensor.runtime._host import (
     HostInfo,
+)
+from pb_tensor.runtime._host_policy import (
+    HostPolicies,
+    HostPolicyError,
+    check_host_policies,
+    cpu_cores,
+    policy_name,
 )
 from pb_tensor.runtime._inprocess import InProcessEngine
 from pb_tensor.runtime._model import LoadedModel
@@ -125,8 +132,17 @@ class ModelRepository:
     DLPack 1.x keywords, pickling tensors, plain ``int`` codes for ``TritonError``, every
     C-contiguous empty DLPack tensor: :mod:`pb_tensor.extras_policy`).
 
+    ``host_policies`` are tritonserver's ``--host-policy`` settings, ``{policy name:
+    {"cpu-cores": "<lower>-<upper>[,...]"}}``: each stub process runs on the CPUs of its
+    instance's policy (the instance group's ``host_policy``, else ``cpu``, ``gpu_<device>``
+    or ``model`` by its kind), bound before the model's ``initialize`` as Triton binds the
+    instance's thread. In-process instances run on the caller's threads and are not bound;
+    ``numa-node`` is refused (no NUMA memory binding here).
+
     Raises:
-        ModelLoadError: ``path`` is not a directory.
+        ModelLoadError: ``path`` is not a directory, or ``host_policies`` holds a setting
+            Triton or this runtime refuses (Triton's message).
+        TypeError: ``host_policies`` is not a mapping of mappings of strings.
     """
 
     def __init__(
@@ -136,7 +152,12 @@ class ModelRepository:
         bf16_as_numpy: bool = False,
         share_inputs: bool = False,
         pb_tensor_extras: bool = False,
+        host_policies: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
+        try:
+            self._host_policies = check_host_policies(host_policies)
+        except HostPolicyError as exc:
+            raise ModelLoadError(str(exc)) from None
         self._bf16_as_numpy = bool(bf16_as_numpy)
         self._pb_tensor_extras = bool(pb_tensor_extras)
         self._share_inputs = bool(share_inputs)
@@ -290,7 +311,8 @@ class ModelRepository:
                     info, bf16_as_numpy=self._bf16_as_numpy, share_inputs=self._share_inputs,
                     pb_tensor_extras=self._pb_tensor_extras,
                 )
-                for info in _host_infos(final, name, version, model_dir, model_path)
+                for info in _host_infos(final, name, version, model_dir, model_path,
+                                        self._host_policies if isolated else {})
             ]
             model = LoadedModel(
                 self, name=name, version=version, config=_schema.config_to_dict(final),
@@ -490,11 +512,12 @@ def _gpu_count() -> int:
 
 
 def _host_infos(
-    config: Any, name: str, version: int, model_dir: str, model_path: str
+    config: Any, name: str, version: int, model_dir: str, model_path: str,
+    host_policies: HostPolicies,
 ) -> list[HostInfo]:
     """One ``HostInfo`` per instance, named and placed as Triton's core creates them: each
     group's ``count`` instances ``<group>_<c>``, a ``KIND_GPU`` group's on each of its
-    GPUs."""
+    GPUs, with the CPUs of its host policy."""
     infos = []
     config_json = _schema.config_to_json(config)
     decoupled = _schema.decoupled(config)
@@ -504,9 +527,12 @@ def _host_infos(
         devices = [int(g) for g in group.gpus] if kind == "GPU" else [0]
         for c in range(group.count):
             for device_id in devices:
+                policy = host_policies.get(policy_name(kind, group.host_policy, device_id), {})
+                cores = policy.get("cpu-cores")
                 infos.append(HostInfo(
                     name=name, version=version, model_dir=model_dir, model_path=model_path,
                     instance_name=f"{group.name}_{c}", instance_kind=kind,
                     device_id=device_id, config_json=config_json, decoupled=decoupled,
+                    cpus=cpu_cores(cores) if cores else (),
                 ))  # fmt: skip
     return infos

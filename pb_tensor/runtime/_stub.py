@@ -31,6 +31,7 @@ from pb_tensor.runtime._host import (
     ModelHost,
     RequestData,
 )
+from pb_tensor.runtime._host_policy import HostPolicyError, bind_this_process
 from pb_tensor.runtime._model_import import (
     UserModelError,
     load_model_module,
@@ -349,6 +350,12 @@ class _Stub:
         if self.cls is None:
             self.channel.send("failed", "the model was not loaded")
             return
+        if self.info.cpus:  # the instance's host policy: before initialize, as in Triton
+            try:
+                bind_this_process(self.info.cpus)
+            except HostPolicyError as exc:
+                self.channel.send("failed", str(exc))
+                return
         self.host = ModelHost(self.info, self.cls, self.backend)
         try:
             self.host.initialize()

@@ -22,6 +22,18 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def _host_policy(arg: str) -> tuple[str, str, str]:
+    # tritonserver's ParseGenericConfigOption: the name ends at the first comma, the
+    # setting at the next "=".
+    name, comma, rest = arg.partition(",")
+    setting, equals, value = rest.partition("=")
+    if not comma or not equals or not name or not setting or not value:
+        raise argparse.ArgumentTypeError(
+            f"--host-policy option format is '<policy name>,<setting>=<value>'. Got {arg}"
+        )
+    return name, setting, value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """tritonserver's flags (the subset ``serve`` implements), with its defaults except the
     addresses (127.0.0.1 here, 0.0.0.0 in tritonserver)."""
@@ -50,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="verbose logging level (0: off)")
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
         help="largest HTTP request body accepted (default 64 MiB)")
+    add("--host-policy", action="append", type=_host_policy, default=[],
+        metavar="<name>,<setting>=<value>",
+        help="a host policy setting (repeatable): cpu-cores=<lower>-<upper>[,...] binds the "
+             "stub processes of the instances using policy <name> (an instance group's "
+             "host_policy, else cpu, gpu_<device> or model by its kind) to those CPUs")
     add("--in-process", action="store_true",
         help="run the models in this process instead of one stub process each")
     add("--inline-quick-models", type=_bool, nargs="?", const=True, default=False,
@@ -63,6 +80,9 @@ def options_from_args(args: argparse.Namespace) -> Any:
     """The :class:`Options` of parsed arguments."""
     from pb_tensor.serve._core import Options
 
+    policies: dict[str, dict[str, str]] = {}
+    for name, setting, value in args.host_policy:
+        policies.setdefault(name, {})[setting] = value
     return Options(
         model_repositories=list(args.model_repository), http_port=args.http_port,
         grpc_port=args.grpc_port, metrics_port=args.metrics_port,
@@ -73,7 +93,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         strict_model_config=args.strict_model_config, exit_on_error=args.exit_on_error,
         log_verbose=args.log_verbose, in_process=args.in_process,
         inline_quick_models=args.inline_quick_models,
-        max_input_size=args.http_max_input_size,
+        max_input_size=args.http_max_input_size, host_policies=policies,
     )  # fmt: skip
 
 

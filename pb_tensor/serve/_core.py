@@ -68,6 +68,8 @@ class Options:
     inline_quick_models: bool = False
     # --http-max-input-size (Triton's default: 64 MiB)
     max_input_size: int = 64 * 1024 * 1024
+    # --host-policy: {policy name: {setting: value}} (ModelRepository's host_policies)
+    host_policies: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -129,7 +131,8 @@ class Core:
         # Inputs are views of the request's own (writable) buffer, which nothing else reads:
         # in-process models may take them without a copy, as a stub takes its shared memory.
         self._repositories = [
-            ModelRepository(p, share_inputs=True) for p in options.model_repositories
+            ModelRepository(p, share_inputs=True, host_policies=options.host_policies)
+            for p in options.model_repositories
         ]
         self._lock = threading.RLock()
         self._loaded: dict[str, LoadedModel] = {}
@@ -301,7 +304,8 @@ class Core:
                 shutil.copytree(os.path.join(repo.path, name), model_dir, symlinks=True)
             with open(os.path.join(model_dir, "config.pbtxt"), "w", encoding="utf-8") as f:
                 f.write(text)
-            return ModelRepository(root, share_inputs=True), root
+            policies = self.options.host_policies
+            return ModelRepository(root, share_inputs=True, host_policies=policies), root
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
