@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
-from pb_tensor.runtime._calls import BlsResponses
 from pb_tensor.runtime._engines import Handler, StubEngine, StubFailure
 from pb_tensor.runtime._ensemble import EnsembleModel
 from pb_tensor.runtime._ensemble_load import check_ensemble_config, is_ensemble, load_ensemble
@@ -19,13 +18,12 @@ from pb_tensor.runtime._host import (
     HostInfo,
 )
 from pb_tensor.runtime._host_policy import (
-    HostPolicies,
     HostPolicyError,
     check_host_policies,
-    cpu_cores,
-    policy_name,
 )
 from pb_tensor.runtime._inprocess import InProcessEngine
+from pb_tensor.runtime._instance_infos import host_infos
+from pb_tensor.runtime._local_backend import LocalBackend
 from pb_tensor.runtime._model import LoadedModel
 from pb_tensor.runtime._model_import import (
     UserModelError,
@@ -34,10 +32,8 @@ from pb_tensor.runtime._model_import import (
     run_auto_complete,
 )
 from pb_tensor.runtime._scheduling import Instance
-from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse, TritonError
-from pb_tensor.runtime._tracker import Cancellation
+from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._validate import ModelSpec
-from pb_tensor.runtime._values import response_of
 from pb_tensor.shm import SharedMemoryPool
 
 if TYPE_CHECKING:
@@ -64,55 +60,6 @@ def example_repository() -> str:
             f"no example model repository at {path!r}: it comes with a clone of the project"
         )
     return path
-
-
-class _LocalBackend:
-    """``pb_utils``' BLS and model-control calls of an in-process model."""
-
-    def __init__(self, model: LoadedModel, info: HostInfo) -> None:
-        self._model = model
-        self._info = info
-
-    def exec_request(
-        self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
-    ) -> InferenceResponse | Iterator[InferenceResponse]:
-        cancellation = Cancellation()
-        replies = self._model.bls_replies(request, timeout_us, decoupled, cancellation)
-        preferred = request.preferred_memory()
-        responses = (response_of(r, preferred) for r in replies)
-        if decoupled:
-            return BlsResponses(responses, cancellation)
-        first: InferenceResponse | None = None
-        for response in responses:
-            if first is None:
-                first = response
-        return first if first is not None else InferenceResponse()
-
-    def is_model_decoupled(self) -> bool:
-        return self._info.decoupled
-
-    def model_name(self) -> str:
-        return self._info.name
-
-    def model_dir(self) -> str:
-        return self._info.model_dir
-
-    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
-        self._model._repository.control(
-            "load_model", (model_name, config, files), False
-        )
-
-    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
-        self._model._repository.control(
-            "unload_model", (model_name, unload_dependents), False
-        )
-
-    def is_model_ready(self, model_name: str, model_version: str) -> bool:
-        return bool(
-            self._model._repository.control(
-                "is_model_ready", (model_name, model_version), False
-            )
-        )
 
 
 class ModelRepository:
@@ -311,7 +258,7 @@ class ModelRepository:
                     info, bf16_as_numpy=self._bf16_as_numpy, share_inputs=self._share_inputs,
                     pb_tensor_extras=self._pb_tensor_extras,
                 )
-                for info in _host_infos(final, name, version, model_dir, model_path,
+                for info in host_infos(final, name, version, model_dir, model_path,
                                         self._host_policies if isolated else {})
             ]
             model = LoadedModel(
@@ -328,7 +275,7 @@ class ModelRepository:
                 if cls is None:  # unreachable: set on the in-process path above
                     raise UserModelError("the model class was not loaded")
                 model._attach([
-                    Instance(InProcessEngine(info, cls, _LocalBackend(model, info)),
+                    Instance(InProcessEngine(info, cls, LocalBackend(model, info)),
                              info.instance_name)
                     for info in infos
                 ])  # fmt: skip
@@ -509,30 +456,3 @@ def _gpu_count() -> int:
     from pb_tensor import cuda  # only a KIND_GPU instance group needs the CUDA facade
 
     return cuda.device_count()
-
-
-def _host_infos(
-    config: Any, name: str, version: int, model_dir: str, model_path: str,
-    host_policies: HostPolicies,
-) -> list[HostInfo]:
-    """One ``HostInfo`` per instance, named and placed as Triton's core creates them: each
-    group's ``count`` instances ``<group>_<c>``, a ``KIND_GPU`` group's on each of its
-    GPUs, with the CPUs of its host policy."""
-    infos = []
-    config_json = _schema.config_to_json(config)
-    decoupled = _schema.decoupled(config)
-    for group in config.instance_group:
-        kind_enum = group.DESCRIPTOR.fields_by_name["kind"].enum_type
-        kind = kind_enum.values_by_number[group.kind].name.removeprefix("KIND_")
-        devices = [int(g) for g in group.gpus] if kind == "GPU" else [0]
-        for c in range(group.count):
-            for device_id in devices:
-                policy = host_policies.get(policy_name(kind, group.host_policy, device_id), {})
-                cores = policy.get("cpu-cores")
-                infos.append(HostInfo(
-                    name=name, version=version, model_dir=model_dir, model_path=model_path,
-                    instance_name=f"{group.name}_{c}", instance_kind=kind,
-                    device_id=device_id, config_json=config_json, decoupled=decoupled,
-                    cpus=cpu_cores(cores) if cores else (),
-                ))  # fmt: skip
-    return infos

@@ -9,7 +9,6 @@ channel or asks it to finalize.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
@@ -17,7 +16,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -38,7 +37,7 @@ from pb_tensor.runtime._model_import import (
     model_class,
     run_auto_complete,
 )
-from pb_tensor.runtime._placement import gpu_refusal, place
+from pb_tensor.runtime._placement import gpu_refusal
 from pb_tensor.runtime._reshape import renamed
 from pb_tensor.runtime._running import RunningBatch
 from pb_tensor.runtime._seam import (
@@ -47,37 +46,16 @@ from pb_tensor.runtime._seam import (
     InferenceResponse,
     PreferredMemory,
     TritonError,
-    TritonErrorCode,
     set_process_backend,
 )
+from pb_tensor.runtime._stub_bls import BlsStream, bls_response
+from pb_tensor.runtime._stub_report import ForwardLogs
 from pb_tensor.shm import SharedMemoryPool
 
 __all__ = ["main"]
 
 _FINAL = 1
 _WATCH_INTERVAL = 0.02
-
-
-class _ForwardLogs(logging.Handler):
-    """Sends this process's ``pb_tensor.runtime`` records to the runtime's ``logging``."""
-
-    def __init__(self, channel: Channel) -> None:
-        super().__init__()
-        self.channel = channel
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            body = {
-                "name": record.name, "levelno": record.levelno,
-                "levelname": record.levelname, "msg": record.getMessage(),
-                "pathname": record.pathname, "lineno": record.lineno,
-                "funcName": record.funcName, "created": record.created,
-                "triton_log_level": getattr(record, "triton_log_level", None),
-                "reported_to_caller": getattr(record, "reported_to_caller", False),
-            }  # fmt: skip
-            self.channel.send("log", body)
-        except Exception:
-            self.handleError(record)
 
 
 class _StubBackend:
@@ -278,7 +256,7 @@ class _Stub:
             self._done(call_id)
             raise
         responses = self._bls_responses(call_id, waiter, request.preferred_memory())
-        return _BlsStream(responses, lambda: self.channel.send("bls_cancel", call_id))
+        return BlsStream(responses, lambda: self.channel.send("bls_cancel", call_id))
 
     def _bls_responses(
         self, call_id: int, waiter: queue.SimpleQueue[Message | None], preferred: PreferredMemory
@@ -293,7 +271,7 @@ class _Stub:
                     return
                 _, tensors, (_, error, parameters, flags, has_response) = message
                 if has_response or error is not None or flags & _FINAL:
-                    yield _response(tensors, error, parameters, preferred)
+                    yield bls_response(tensors, error, parameters, preferred)
                 if flags & _FINAL:
                     return
         finally:
@@ -469,49 +447,6 @@ class _Stub:
         return (None if err is None else (err.message(), int(err.code()))), tensors
 
 
-class _BlsStream(Iterator[InferenceResponse]):
-    """A BLS request's responses, with the ``cancel()`` that ``ResponseIterator.cancel()``
-    calls: it asks the runtime to cancel the request in the called model."""
-
-    __slots__ = ("_cancel", "_responses")
-
-    def __init__(
-        self, responses: Iterator[InferenceResponse], cancel: Callable[[], None]
-    ) -> None:
-        self._responses = responses
-        self._cancel = cancel
-
-    def __iter__(self) -> _BlsStream:
-        return self
-
-    def __next__(self) -> InferenceResponse:
-        return next(self._responses)
-
-    def cancel(self) -> None:
-        with contextlib.suppress(ChannelClosed):
-            self._cancel()
-
-
-def _response(
-    tensors: list[Tensor], error: tuple[str, int] | None, parameters: str,
-    preferred: PreferredMemory,
-) -> InferenceResponse:
-    import json
-
-    params = json.loads(parameters) if parameters else None
-    if tensors:
-        # Onto a GPU when the caller prefers one: a copy inside this process.
-        try:
-            tensors = place(tensors, preferred)
-        except TritonModelException as exc:
-            return InferenceResponse(error=TritonError(str(exc)), parameters=params or None)
-    return InferenceResponse(
-        output_tensors=tensors,
-        error=None if error is None else TritonError(error[0], TritonErrorCode(error[1])),
-        parameters=params or None,
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     """Serve one model over the control socket given on the command line."""
     args = sys.argv[1:] if argv is None else argv
@@ -525,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     channel = Channel(Connection(fd), pool)
     stub = _Stub(channel)
     set_process_backend(stub.backend)
-    handler = _ForwardLogs(channel)
+    handler = ForwardLogs(channel)
     logger = logging.getLogger("pb_tensor.runtime")
     logger.addHandler(handler)
     logger.propagate = False

@@ -9,7 +9,9 @@ import signal
 import subprocess
 from typing import Any
 
-__all__ = ["emit_record", "how_it_ended", "wanted_log_level"]
+from pb_tensor.runtime._channel import Channel
+
+__all__ = ["ForwardLogs", "emit_record", "how_it_ended", "wanted_log_level"]
 
 
 def wanted_log_level(model_name: str) -> int:
@@ -53,3 +55,25 @@ def emit_record(body: dict[str, Any], pid: int | None) -> None:
          "module": os.path.splitext(filename)[0]}
     )  # fmt: skip
     logger.handle(record)
+
+
+class ForwardLogs(logging.Handler):
+    """Sends this process's ``pb_tensor.runtime`` records to the runtime's ``logging``."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self.channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            body = {
+                "name": record.name, "levelno": record.levelno,
+                "levelname": record.levelname, "msg": record.getMessage(),
+                "pathname": record.pathname, "lineno": record.lineno,
+                "funcName": record.funcName, "created": record.created,
+                "triton_log_level": getattr(record, "triton_log_level", None),
+                "reported_to_caller": getattr(record, "reported_to_caller", False),
+            }  # fmt: skip
+            self.channel.send("log", body)
+        except Exception:
+            self.handleError(record)

@@ -1,0 +1,67 @@
+"""The BLS and model-control calls of an in-process model, answered by its repository."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pb_tensor.runtime._calls import BlsResponses
+from pb_tensor.runtime._host import HostInfo
+from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse
+from pb_tensor.runtime._tracker import Cancellation
+from pb_tensor.runtime._values import response_of
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pb_tensor.runtime._model import LoadedModel
+
+__all__ = ["LocalBackend"]
+
+
+class LocalBackend:
+    """``pb_utils``' BLS and model-control calls of an in-process model."""
+
+    def __init__(self, model: LoadedModel, info: HostInfo) -> None:
+        self._model = model
+        self._info = info
+
+    def exec_request(
+        self, request: InferenceRequest, *, decoupled: bool, timeout_us: int | None
+    ) -> InferenceResponse | Iterator[InferenceResponse]:
+        cancellation = Cancellation()
+        replies = self._model.bls_replies(request, timeout_us, decoupled, cancellation)
+        preferred = request.preferred_memory()
+        responses = (response_of(r, preferred) for r in replies)
+        if decoupled:
+            return BlsResponses(responses, cancellation)
+        first: InferenceResponse | None = None
+        for response in responses:
+            if first is None:
+                first = response
+        return first if first is not None else InferenceResponse()
+
+    def is_model_decoupled(self) -> bool:
+        return self._info.decoupled
+
+    def model_name(self) -> str:
+        return self._info.name
+
+    def model_dir(self) -> str:
+        return self._info.model_dir
+
+    def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
+        self._model._repository.control(
+            "load_model", (model_name, config, files), False
+        )
+
+    def unload_model(self, model_name: str, unload_dependents: bool) -> None:
+        self._model._repository.control(
+            "unload_model", (model_name, unload_dependents), False
+        )
+
+    def is_model_ready(self, model_name: str, model_version: str) -> bool:
+        return bool(
+            self._model._repository.control(
+                "is_model_ready", (model_name, model_version), False
+            )
+        )
