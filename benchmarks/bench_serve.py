@@ -1,10 +1,12 @@
 """Benchmark of ``pb-tensor serve`` against KServe's and MLServer's Python servers: add_sub over
 HTTP and gRPC at concurrency 1 and 16, for ``serve --in-process`` (and, as the ``inline``
-row, with the opt-in ``--inline-quick-models``), ``serve`` (stub processes),
-KServe's ``ModelServer`` and MLServer (each serving the same numpy add_sub,
-``benchmarks/peers/``); and a 64 MiB FP32 tensor over HTTP binary data against the same bytes
-sent over a raw loopback socket. ``grpc floor`` (``peers/grpc_floor.py``) is grpcio's asyncio
-server answering every call with prebuilt bytes: what any grpcio-based server costs at least.
+row, with the opt-in ``--inline-quick-models``), ``serve`` (stub processes; as ``stub
+bound``, the server's threads on one CPU and its stub on the others through
+``--host-policy``, where the machine has two or more), KServe's ``ModelServer`` and
+MLServer (each serving the same numpy add_sub, ``benchmarks/peers/``); and a 64 MiB FP32
+tensor over HTTP binary data against the same bytes sent over a raw loopback socket.
+``grpc floor`` (``peers/grpc_floor.py``) is grpcio's asyncio server answering every call with
+prebuilt bytes: what any grpcio-based server costs at least.
 
 One load generator for every server (``serve_load.py``): every request is built once as the
 bytes that go on the wire (HTTP/1.1; gRPC as HTTP/2 frames with the serialised KServe v2 /
@@ -140,12 +142,16 @@ class Server:
 
 
 class Serve(Server):
-    """``python -m pb_tensor serve`` in a subprocess."""
+    """``python -m pb_tensor serve`` in a subprocess (``cpus``: its threads bound to them,
+    as ``taskset`` would)."""
 
-    def __init__(self, *extra: str, repository: str = EXAMPLES, model: str = "add_sub"
-                 ) -> None:
+    def __init__(self, *extra: str, repository: str = EXAMPLES, model: str = "add_sub",
+                 cpus: set[int] | None = None) -> None:  # fmt: skip
+        start = ["-m", "pb_tensor"] if cpus is None else [
+            "-c", f"import os, runpy; os.sched_setaffinity(0, {cpus!r}); "
+            "runpy.run_module('pb_tensor', run_name='__main__', alter_sys=True)"]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pb_tensor", "serve", "--model-repository", repository,
+            [sys.executable, *start, "serve", "--model-repository", repository,
              "--model-control-mode=explicit", "--load-model", model, "--http-port", "0",
              "--grpc-port", "0", "--allow-metrics=false", "--http-max-input-size",
              str(1 << 30), *extra],
@@ -361,7 +367,18 @@ def _identity_check(n: int) -> Callable[[bytes | bytearray], None]:
     return check
 
 
-_SERVERS = ("in-process", "inline", "stub", "KServe", "MLServer", "grpc floor")
+_SERVERS = ("in-process", "inline", "stub", "stub bound", "KServe", "MLServer", "grpc floor")
+
+
+def _split_cpus() -> tuple[set[int], str] | None:
+    """(the server's CPU, its stubs' ``cpu-cores``) where this machine can keep them apart:
+    Linux and two or more CPUs; None elsewhere."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {cpus[0]}, ",".join(f"{c}-{c}" for c in cpus[1:])
 
 
 def _start_peers(args: argparse.Namespace, wanted: set[str]) -> dict[str, Server]:
@@ -393,7 +410,7 @@ def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float], 
     if "KServe" not in servers:
         print("targets against KServe: not measured (KServe not installed or not run)")
         return
-    for mode, want in (("in-process", 2.0), ("stub", 1.0)):
+    for mode, want in (("in-process", 2.0), ("stub", 1.0), ("stub bound", 1.0)):
         for proto in ("HTTP", "gRPC"):
             for conc in (1, 16):
                 if (mode, proto, conc) not in results:
@@ -495,6 +512,14 @@ def _table(args: argparse.Namespace, wanted: set[str], protocols: set[str], requ
         "inline": lambda: Serve("--in-process", "--inline-quick-models"),
         "stub": Serve,
     }
+    split = _split_cpus()
+    if split is not None:
+        # The server's threads on one CPU, its stub on the others (--host-policy): threads
+        # handing the GIL to each other across CPUs cost several times their work.
+        own["stub bound"] = lambda: Serve(f"--host-policy=cpu,cpu-cores={split[1]}",
+                                          cpus=split[0])
+    elif "stub bound" in wanted:
+        print("stub bound: skipped (needs Linux and 2+ CPUs)")
     servers: dict[str, Server] = {name: start() for name, start in own.items()
                                   if name in wanted}
     results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]] = {}
