@@ -8,7 +8,7 @@ from pb_tensor.runtime._calls import BlsResponses
 from pb_tensor.runtime._host import HostInfo
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse
 from pb_tensor.runtime._tracker import Cancellation
-from pb_tensor.runtime._values import response_of
+from pb_tensor.runtime._values import first_response, response_of
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -34,11 +34,7 @@ class LocalBackend:
         responses = (response_of(r, preferred) for r in replies)
         if decoupled:
             return BlsResponses(responses, cancellation)
-        first: InferenceResponse | None = None
-        for response in responses:
-            if first is None:
-                first = response
-        return first if first is not None else InferenceResponse()
+        return first_response(responses)
 
     def is_model_decoupled(self) -> bool:
         return self._info.decoupled

@@ -50,6 +50,7 @@ from pb_tensor.runtime._seam import (
 )
 from pb_tensor.runtime._stub_bls import BlsStream, bls_response
 from pb_tensor.runtime._stub_report import ForwardLogs
+from pb_tensor.runtime._values import first_response
 from pb_tensor.shm import SharedMemoryPool
 
 __all__ = ["main"]
@@ -75,11 +76,7 @@ class _StubBackend:
         responses = self._stub.bls(request, decoupled, timeout_us)
         if decoupled:
             return responses
-        first: InferenceResponse | None = None
-        for response in responses:
-            if first is None:
-                first = response
-        return first if first is not None else InferenceResponse()
+        return first_response(responses)
 
     def is_model_decoupled(self) -> bool:
         info = self._stub.info

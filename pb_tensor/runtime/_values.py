@@ -5,6 +5,7 @@ arrays it returns (:func:`outputs_of`), and the responses BLS callers receive
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from pb_tensor.runtime._tracker import Reply
 __all__ = [
     "InputValue",
     "as_delivered",
+    "first_response",
     "Outputs",
     "ParameterValue",
     "outputs_of",
@@ -164,6 +166,16 @@ def outputs_of(reply: Reply) -> Outputs:
     if reply.parameters not in ("{}", ""):
         out.parameters = json.loads(reply.parameters)
     return out
+
+
+def first_response(responses: Iterable[InferenceResponse]) -> InferenceResponse:
+    """A non-decoupled BLS request's answer: the first of its responses (the others are
+    read to the end, so the request completes), or an empty response when none came."""
+    first: InferenceResponse | None = None
+    for response in responses:
+        if first is None:
+            first = response
+    return first if first is not None else InferenceResponse()
 
 
 def response_of(reply: Reply, preferred: PreferredMemory | None = None) -> InferenceResponse:
