@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from serve_support import needs_serve
 
 from pb_tensor.runtime import ModelLoadError, ModelRepository
 
@@ -200,6 +201,7 @@ def test_serve_takes_tritonservers_host_policy_flag() -> None:
             in bad.stderr)  # fmt: skip
 
 
+@needs_serve
 def test_serve_refuses_a_setting_triton_does_not_know(tmp_path: Path) -> None:
     refused = subprocess.run(
         [sys.executable, "-m", "pb_tensor", "serve", "--model-repository", str(tmp_path),
