@@ -119,13 +119,18 @@ WINDOWS = [(20, 60), (100, 200)]
 def test_repeated_interrupts_leak_nothing(
     run_python: Any, case: str, window: tuple[int, int]
 ) -> None:
-    result = run_python(
-        HARNESS, case, "6000", str(window[0]), str(window[1]),
-        timeout=120, dev_mode=False, warnings_as_errors=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    # The harness must really interrupt the library (else the test proves nothing).
+    # The harness must really interrupt the library (else the test proves nothing). A timer
+    # run can miss it (once seen on a loaded machine: 1 hit in 6000 steps): such a run
+    # proves nothing either way, so it is run again, up to three times.
+    for _ in range(3):
+        result = run_python(
+            HARNESS, case, "6000", str(window[0]), str(window[1]),
+            timeout=120, dev_mode=False, warnings_as_errors=False,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+        if report["hits"] >= 50:
+            break
     assert report["hits"] >= 50, report
     assert report["live"] == 0, report
     assert report["live_exports"] == 0, report
