@@ -149,6 +149,10 @@ def test_a_restarted_stub_is_bound_again(tmp_path: Path) -> None:
         ({"cpu": {"cpu-cores": "a-3"}}, "Parsing 'cpu-cores' value: Can't parse 'a' to integer"),
         ({"cpu": {"cpu-cores": "0-1x"}},
          "Parsing 'cpu-cores' value: Can't parse '1x' to integer"),
+        ({"cpu": {"cpu-cores": "3-1"}}, "Unable to set NUMA thread affinity: Invalid argument"),
+        ({"cpu": {"cpu-cores": "0-1000000000"}},
+         "Unable to set NUMA thread affinity: Invalid argument"),
+        ({"cpu": {"cpu-cores": "-1-2"}}, "Parsing 'cpu-cores' value: Can't parse '' to integer"),
         ({"cpu": {"numa-node": "0"}},
          "host policy 'cpu': setting 'numa-node' is not supported here (no NUMA memory "
          "binding); bind to the node's cores with 'cpu-cores'"),
@@ -170,14 +174,19 @@ def test_policies_must_be_strings(tmp_path: Path) -> None:
 
 
 def test_a_cpu_this_machine_lacks_fails_the_load(tmp_path: Path) -> None:
-    policies = {"cpu": {"cpu-cores": "100000-100000"}}
+    mine = os.sched_getaffinity(0)
+    policies = {"cpu": {"cpu-cores": "60000-60000"}}
     with ModelRepository(_repository(tmp_path), host_policies=policies) as repo:
         with pytest.raises(ModelLoadError) as info:
             repo.load("where", isolated=True)
         assert str(info.value).endswith(
             "Unable to set NUMA thread affinity: Invalid argument")
-        # In-process instances are not bound: the same policy does not stop them.
-        assert repo.load("where", isolated=False) is not None
+        # In-process instances are not bound, but their load fails as Triton's would.
+        with pytest.raises(ModelLoadError) as info:
+            repo.load("where", isolated=False)
+        assert str(info.value).endswith(
+            "Unable to set NUMA thread affinity: Invalid argument")
+    assert sorted(os.sched_getaffinity(0)) == sorted(mine)
 
 
 def test_serve_takes_tritonservers_host_policy_flag() -> None:

@@ -76,7 +76,8 @@ class HostInfo:
     # pb-tensor's additions to Triton's API inside the model (pb_tensor.extras_policy).
     pb_tensor_extras: bool = False
     # The CPUs of the instance's host policy ("cpu-cores"; empty: no binding). A stub binds
-    # its process to them; an in-process instance shares the caller's threads and binds none.
+    # its process to them; an in-process instance shares the caller's threads and binds none
+    # (its load only checks that the kernel would accept them).
     cpus: tuple[int, ...] = ()
 
     def initialize_args(self) -> dict[str, str]:

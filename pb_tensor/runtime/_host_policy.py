@@ -12,12 +12,14 @@ Stricter than Triton: ``numa-node`` (a NUMA memory policy through libnuma) is re
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
 
 __all__ = [
     "HostPolicies",
     "HostPolicyError",
     "bind_this_process",
+    "check_binding",
     "check_host_policies",
     "cpu_cores",
     "policy_name",
@@ -26,6 +28,10 @@ __all__ = [
 HostPolicies = dict[str, dict[str, str]]
 
 _SETTINGS = ("numa-node", "cpu-cores")
+# Past any CPU a kernel numbers (Linux's NR_CPUS is at most 8192): refused before a range
+# as large as "0-1000000000" is spelt out.
+_CPU_LIMIT = 1 << 16
+_REFUSED = "Unable to set NUMA thread affinity: Invalid argument"
 
 
 class HostPolicyError(ValueError):
@@ -81,8 +87,8 @@ def _int(text: str) -> int:
         raise HostPolicyError(
             f"Parsing 'cpu-cores' value: Can't parse '{text}' to integer"
         ) from None
-    if value < 0:
-        raise HostPolicyError("Unable to set NUMA thread affinity: Invalid argument")
+    if not 0 <= value < _CPU_LIMIT:  # the kernel's answer to such a CPU
+        raise HostPolicyError(_REFUSED)
     return value
 
 
@@ -92,7 +98,9 @@ def cpu_cores(value: str) -> tuple[int, ...]:
 
     Raises:
         HostPolicyError: a part without ``-`` or with a bound that is not a whole number
-            (Triton's messages), or a negative bound.
+            (Triton's messages); a negative or enormous bound, or no CPU at all (a range
+            whose lower bound is past its upper one): the kernel's refusal, as Triton
+            reports it.
     """
     cpus: list[int] = []
     for part in value.split(","):
@@ -103,6 +111,8 @@ def cpu_cores(value: str) -> tuple[int, ...]:
                 f"'<lower_cpu_core_id>-<upper_cpu_core_id>'. Got {part}"
             )
         cpus.extend(range(_int(lower), _int(upper) + 1))
+    if not cpus:
+        raise HostPolicyError(_REFUSED)
     return tuple(cpus)
 
 
@@ -133,8 +143,30 @@ def bind_this_process(cpus: tuple[int, ...]) -> None:
             os.sched_setaffinity(task, cpus)
         except ProcessLookupError:  # a thread that ended meanwhile
             continue
-        except (OSError, ValueError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        except OSError as exc:
             raise HostPolicyError(
-                f"Unable to set NUMA thread affinity: {reason}"
+                f"Unable to set NUMA thread affinity: {exc.strerror}"
             ) from None
+
+
+def check_binding(cpus: tuple[int, ...]) -> None:
+    """Whether the kernel lets a thread bind to ``cpus``, tried on a short-lived thread of
+    its own (an in-process instance is not bound, but a set Triton's binding would fail on
+    fails its load here too).
+
+    Raises:
+        HostPolicyError: the kernel refused the set (Triton's message with the OS's reason).
+    """
+    refused: list[str] = []
+
+    def attempt() -> None:
+        try:
+            os.sched_setaffinity(0, cpus)  # this thread only
+        except OSError as exc:
+            refused.append(str(exc.strerror))
+
+    thread = threading.Thread(target=attempt, name="pb-tensor-host-policy-check")
+    thread.start()
+    thread.join()
+    if refused:
+        raise HostPolicyError(f"Unable to set NUMA thread affinity: {refused[0]}")

@@ -19,6 +19,7 @@ from pb_tensor.runtime._host import (
 )
 from pb_tensor.runtime._host_policy import (
     HostPolicyError,
+    check_binding,
     check_host_policies,
 )
 from pb_tensor.runtime._inprocess import InProcessEngine
@@ -83,8 +84,9 @@ class ModelRepository:
     {"cpu-cores": "<lower>-<upper>[,...]"}}``: each stub process runs on the CPUs of its
     instance's policy (the instance group's ``host_policy``, else ``cpu``, ``gpu_<device>``
     or ``model`` by its kind), bound before the model's ``initialize`` as Triton binds the
-    instance's thread. In-process instances run on the caller's threads and are not bound;
-    ``numa-node`` is refused (no NUMA memory binding here).
+    instance's thread. In-process instances run on the caller's threads and are not bound
+    (a set the kernel refuses still fails their load, as in Triton); ``numa-node`` is
+    refused (no NUMA memory binding here).
 
     Raises:
         ModelLoadError: ``path`` is not a directory, or ``host_policies`` holds a setting
@@ -259,8 +261,11 @@ class ModelRepository:
                     pb_tensor_extras=self._pb_tensor_extras,
                 )
                 for info in host_infos(final, name, version, model_dir, model_path,
-                                        self._host_policies if isolated else {})
+                                        self._host_policies)
             ]
+            if not isolated:  # not bound, but refused where Triton's binding would fail
+                for cpus in {info.cpus for info in infos if info.cpus}:
+                    check_binding(cpus)
             model = LoadedModel(
                 self, name=name, version=version, config=_schema.config_to_dict(final),
                 spec=ModelSpec.from_config(final), isolated=isolated,
@@ -279,7 +284,7 @@ class ModelRepository:
                              info.instance_name)
                     for info in infos
                 ])  # fmt: skip
-        except (StubFailure, UserModelError, _schema.ConfigError) as exc:
+        except (StubFailure, UserModelError, _schema.ConfigError, HostPolicyError) as exc:
             for engine in engines:
                 engine.kill()
             raise ModelLoadError(f"failed to load {where}: {exc}") from None
