@@ -39,6 +39,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
+from machine_load import Meter, Share, contended_note
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -256,6 +257,7 @@ def _batching(repo: ModelRepository, quick: bool, report: Callable[..., None],
     batched = repo.load("add_sub_batched", isolated=True)
     out = batched.infer({"INPUT0": a, "INPUT1": b})
     np.testing.assert_array_equal(out["OUTPUT0"], a + b)
+    meter = Meter()
     pairs = []
     cpu: list[tuple[float, float, float, float]] = []  # host, stub: plain, batched
     for _ in range(rounds):
@@ -281,6 +283,7 @@ def _batching(repo: ModelRepository, quick: bool, report: Callable[..., None],
     per = [statistics.median(c[i] for c in cpu) for i in range(4)]
     report("  CPU per request, runtime + stub: without / with batching",
            f"{per[0]:.0f}+{per[1]:.0f} / {per[2]:.0f}+{per[3]:.0f} us")
+    lines.append(_machine_row(meter))
 
 
 def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> None:
@@ -310,6 +313,7 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
             two = repo.load("sleep_two", isolated=True)
             x = {"IN": np.ones(1, np.float32)}
             n = 10 if quick else 40
+            meter = Meter()
             pairs = [(_concurrent_rps(lambda: one.infer(x), 4, n),
                       _concurrent_rps(lambda: two.infer(x), 4, n)) for _ in range(rounds)]
             lines.append("model sleeping 10 ms per request, 4 concurrent callers, stub process")
@@ -317,8 +321,19 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
             report("  two instances (target >= 1.8x)",
                    f"{statistics.median(q for _, q in pairs):9.0f} req/s",
                    statistics.median(q / p for p, q in pairs), 1.8, higher_is_worse=False)
+            lines.append(_machine_row(meter))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+_shares: list[Share] = []  # the machine's steal during each group of rows
+
+
+def _machine_row(meter: Meter) -> str:
+    """The row that says how much of the machine the rows above had (machine_load.py)."""
+    share = meter.share()
+    _shares.append(share)
+    return _row(f"  (the machine during these rows: {share.text()})", "")
 
 
 def _row(name: str, value: str, ratio: str = "", verdict: str = "") -> str:
@@ -452,18 +467,27 @@ def main() -> int:
         lines.append(_row(name, value, ratio_text, verdict))
 
     sections = set(args.only or _SECTIONS)
+    meter = Meter()
     if "inprocess" in sections:
         _inprocess_rows(args.quick, min_time, report, lines, verdicts)
+        lines.append(_machine_row(meter))
     if "isolated" in sections:
+        meter.restart()
         _isolated_rows(args.quick, repeat, big_repeat, min_time, report, lines)
+        lines.append(_machine_row(meter))
     if "ensemble" in sections:
+        meter.restart()
         _ensemble_rows(report, lines, repeat, min_time)
+        lines.append(_machine_row(meter))
     if "scheduling" in sections:
         _scheduling(args.quick, report, lines)
 
     sys.stdout.write("\n".join(lines) + "\n")
     passed = sum(verdicts)
     sys.stdout.write(f"{passed}/{len(verdicts)} targets met\n")
+    note = contended_note(_shares)
+    if note is not None:
+        sys.stdout.write(note + "\n")
     return 0
 
 

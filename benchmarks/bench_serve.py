@@ -49,6 +49,7 @@ from collections.abc import Callable
 
 import numpy as np
 import serve_load
+from machine_load import Meter, Share, contended_note
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -367,6 +368,8 @@ def _identity_check(n: int) -> Callable[[bytes | bytearray], None]:
     return check
 
 
+# One measured case: rate, latencies, client and server CPU per call, the machine's steal.
+_Run = tuple[float, list[float], float, float, Share]
 _SERVERS = ("in-process", "inline", "stub", "stub bound", "KServe", "MLServer", "grpc floor")
 
 
@@ -402,7 +405,7 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def _targets(results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]],
+def _targets(results: dict[tuple[str, str, int], list[_Run]],
              servers: dict[str, Server]) -> None:
     def rate(mode: str, proto: str, conc: int) -> float:
         return max(r[0] for r in results[(mode, proto, conc)])
@@ -522,7 +525,7 @@ def _table(args: argparse.Namespace, wanted: set[str], protocols: set[str], requ
         print("stub bound: skipped (needs Linux and 2+ CPUs)")
     servers: dict[str, Server] = {name: start() for name, start in own.items()
                                   if name in wanted}
-    results: dict[tuple[str, str, int], list[tuple[float, list[float], float, float]]] = {}
+    results: dict[tuple[str, str, int], list[_Run]] = {}
     try:
         servers.update(_start_peers(args, wanted))
         if "grpc floor" in wanted and "gRPC" in protocols:
@@ -543,24 +546,32 @@ def _table(args: argparse.Namespace, wanted: set[str], protocols: set[str], requ
                 for concurrency in (1, 16):
                     for proto, make in makers.items():
                         before = server.cpu()
+                        meter = Meter()
                         rate, lat, client = serve_load.drive(make, concurrency, requests,
                                                              checks[proto])
                         used = (server.cpu() - before) / len(lat)
                         results.setdefault((mode, proto, concurrency), []).append(
-                            (rate, lat, client, used))
+                            (rate, lat, client, used, meter.share()))
         print(f"add_sub, two (16,) FP32 inputs, {requests} requests per case, best of "
               f"{rounds} interleaved rounds; server / client us: CPU per call of the server (with "
-              "its child processes) and of the load generator")
+              "its child processes) and of the load generator; steal: the share of the "
+              "machine's CPU time the hypervisor gave to other guests during that run")
         print(f"{'server':<12}{'protocol':<14}{'clients':>8}{'req/s':>10}{'p50 ms':>10}"
-              f"{'p99 ms':>10}{'server us':>11}{'client us':>11}")
+              f"{'p99 ms':>10}{'server us':>11}{'client us':>11}{'steal':>7}")
+        shares = []
         for (mode, proto, concurrency), runs in results.items():
-            rate, lat, client, used = max(runs, key=lambda r: r[0])
+            rate, lat, client, used, share = max(runs, key=lambda r: r[0])
+            shares.extend(r[4] for r in runs)
+            steal = "n/a" if share.steal is None else f"{share.steal * 100:.0f}%"
             q = statistics.quantiles(lat, n=100)
             shown = proto if proto == "gRPC" else (
                 "HTTP binary" if servers[mode].binary else "HTTP JSON")
             print(f"{mode:<12}{shown:<14}{concurrency:>8}{rate:>10.0f}{q[49] * 1e3:>10.2f}"
-                  f"{q[98] * 1e3:>10.2f}{used * 1e6:>11.0f}{client * 1e6:>11.0f}")
+                  f"{q[98] * 1e3:>10.2f}{used * 1e6:>11.0f}{client * 1e6:>11.0f}{steal:>7}")
         _targets(results, servers)
+        note = contended_note(shares)
+        if note is not None:
+            print(note)
     finally:
         for server in servers.values():
             server.stop()
