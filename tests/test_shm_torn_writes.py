@@ -23,6 +23,7 @@ import pytest
 
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import _heap as heap
+from pb_tensor.shm import _heap_repair as repair
 
 SIZE = 1 << 16
 NAME = "torn"
@@ -88,7 +89,7 @@ def _allocate(image: bytearray, nbytes: int, state: int = heap.RECORD) -> int:
 
 def _blocks(image: bytearray) -> list[tuple[int, int, int]]:
     """(offset, state, size) of every allocated block, from a checked walk."""
-    heap.walk(image, len(image), NAME, repair=False)  # type: ignore[arg-type]
+    repair.walk(image, len(image), NAME, repair=False)  # type: ignore[arg-type]
     out, off, end = [], heap.HEADER_SIZE, heap.U64.unpack_from(image, heap.OFF_TOTAL)[0] - 64
     while off < end:
         _, state, size = heap.BLOCK.unpack_from(image, off)[:3]
@@ -113,7 +114,7 @@ def _kill_points(
             image[off : off + len(data)] = data
         if heap.U64.unpack_from(image, heap.OFF_DIRTY)[0]:
             try:
-                heap.check_heap(image, len(image), NAME)  # type: ignore[arg-type]
+                repair.check_heap(image, len(image), NAME)  # type: ignore[arg-type]
             except TritonModelException as e:
                 pytest.fail(f"killed after store {k} of {len(log)} ({log[k - 1]!r}): {e}")
         survivors = _blocks(image)
@@ -154,7 +155,7 @@ def test_growth(tail_free: bool) -> None:
     heap.BLOCK.pack_into(image, end, heap.BLOCK_MAGIC, heap.END, 64, SIZE - 64 - 1024, 0, 0, 0, 1)
     first = heap.HEADER_SIZE
     heap.BLOCK.pack_into(image, first, heap.BLOCK_MAGIC, heap.FREE, end - first, 0, 0, 0, 0, 0)
-    heap.walk(image, len(image), NAME, repair=True)  # type: ignore[arg-type]
+    repair.walk(image, len(image), NAME, repair=True)  # type: ignore[arg-type]
     _allocate(image, 2000)
     if not tail_free:
         tail = heap.tail_free_size(image, SIZE)  # type: ignore[arg-type]
@@ -176,7 +177,7 @@ def test_repair_killed_midway_repairs_again() -> None:
         heap.U64.pack_into(image, heap.OFF_BINS + 8 * b, 0)
     _kill_points(
         image,
-        lambda m: heap.walk(m, len(m), NAME, repair=True),  # type: ignore[arg-type]
+        lambda m: repair.walk(m, len(m), NAME, repair=True),  # type: ignore[arg-type]
         keep=keep,
     )
 

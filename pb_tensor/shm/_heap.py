@@ -18,8 +18,9 @@ coalescing) and the free-list links. The handle points at the ref-count prefix, 
 
 Crash safety: every mutation of the free lists sets the header's *dirty* word first and clears
 it last. A process that finds it set while holding the lock knows the previous holder died
-mid-mutation; :func:`walk` with ``repair=True`` rebuilds boundary tags, free lists and counters
-from the block sizes alone, which every mutation keeps walkable at each step.
+mid-mutation; ``walk(repair=True)`` (:mod:`pb_tensor.shm._heap_repair`) rebuilds boundary
+tags, free lists and counters from the block sizes alone, which every mutation keeps walkable
+at each step.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ PREFIX: Final = 16  # upstream's alignas(16) AllocatedShmOwnership { uint32 ref_
 # references are messages: handed out by a save and not yet taken over by a load.
 REF = struct.Struct("=II")
 _pack_ref = REF.pack
-_STATE_SIZE = struct.Struct("=IQ")  # a block header's state and size, adjacent
+STATE_SIZE = struct.Struct("=IQ")  # a block header's state and size, adjacent
 BLOCK_REF = struct.Struct("=IIQQQQQII")  # BLOCK and REF in one round trip
 DATA: Final = BLOCK_HDR + PREFIX  # user data = block + 64
 ALIGN: Final = 64
@@ -155,7 +156,8 @@ def init_heap(fd: int, size: int, growth: int, max_size: int) -> None:
     os.pwrite(fd, bytes(sentinel), size - ALIGN)
 
 
-def _corrupted(name: str, what: str) -> TritonModelException:
+def corrupted(name: str, what: str) -> TritonModelException:
+    """The error for a pool whose heap is found broken: ``what`` says where."""
     return TritonModelException(f"Shared memory pool '{name}' is corrupted: {what}")
 
 
@@ -174,7 +176,7 @@ def _outside(link: int, mapped: int) -> bool:
 def _fit(off: int, need: int, mapped: int, name: str, where: str) -> int:
     """``off`` when a ``need``-byte block there lies inside the heap (0 passes: no fit)."""
     if off and (off < HEADER_SIZE or off % ALIGN or off + need > mapped - ALIGN):
-        raise _corrupted(
+        raise corrupted(
             name, f"{where} points at offset {off}: no {need}-byte block fits there in "
             f"{mapped} bytes",
         )  # fmt: skip
@@ -197,7 +199,7 @@ def find_fit(mm: mmap, need: int, mapped: int, name: str) -> int:
     probes = 0
     while off:
         if off < HEADER_SIZE or off > mapped - 2 * ALIGN or off % ALIGN or probes > steps:
-            raise _corrupted(name, f"free list {b} points at offset {off}")
+            raise corrupted(name, f"free list {b} points at offset {off}")
         if U64.unpack_from(mm, off + OFF_SIZE)[0] >= need:
             return _fit(int(off), need, mapped, name, f"free list {b}")
         off = U64.unpack_from(mm, off + OFF_NEXT_FREE)[0]
@@ -223,10 +225,10 @@ def _larger_bin_head(mm: mmap, bitmap: int, b: int) -> int:
 def _bin_insert(mm: mmap, off: int, size: int) -> None:
     b = size.bit_length() - 1
     head = U64.unpack_from(mm, OFF_BINS + 8 * b)[0]
-    _bin_push(mm, off, b, head, U64.unpack_from(mm, OFF_BITMAP)[0] | 1 << b)
+    bin_push(mm, off, b, head, U64.unpack_from(mm, OFF_BITMAP)[0] | 1 << b)
 
 
-def _bin_push(mm: mmap, off: int, b: int, head: int, bitmap: int) -> None:
+def bin_push(mm: mmap, off: int, b: int, head: int, bitmap: int) -> None:
     """Make the free block at ``off`` the head of bin ``b`` before ``head`` (its current
     head) and store ``bitmap``: writes only, from values the caller knows."""
     U64.pack_into(mm, off + OFF_NEXT_FREE, head)
@@ -289,7 +291,7 @@ def allocate_block(
             way points outside the heap (corrupted free list).
     """
     if off < HEADER_SIZE or off % ALIGN or off > mapped - 2 * ALIGN:
-        raise _corrupted(name, f"the free list points at offset {off}")
+        raise corrupted(name, f"the free list points at offset {off}")
     magic, old_state, size, prev_size, _, nxt, prv, _ = BLOCK.unpack_from(mm, off)
     if (
         magic != BLOCK_MAGIC
@@ -298,14 +300,14 @@ def allocate_block(
         or size % ALIGN
         or off + size > mapped - ALIGN
     ):
-        raise _corrupted(name, f"the free list holds a bad block at offset {off}")
+        raise corrupted(name, f"the free list holds a bad block at offset {off}")
     # Checked before any write: both are written through below.
     low, high = HEADER_SIZE, mapped - 2 * ALIGN
     if (nxt and (nxt < low or nxt > high or nxt % ALIGN)) or (
         prv and (prv < low or prv > high or prv % ALIGN)
     ):
         link, value = ("next", nxt) if _outside(nxt, mapped) else ("previous", prv)
-        raise _corrupted(
+        raise corrupted(
             name, f"the free block at offset {off} has its {link}-free link at offset {value}"
         )
     try:
@@ -345,7 +347,7 @@ def allocate_block(
         )
         put(mm, OFF_DIRTY, 0)
     except OUT_OF_HEAP as exc:  # a free-list head read on the way (the leftover's bin)
-        raise _corrupted(
+        raise corrupted(
             name, f"allocating the free block at offset {off}: a free-list link points outside "
             f"the heap ({exc})",
         ) from None  # fmt: skip
@@ -361,7 +363,7 @@ def free_block(mm: mmap, off: int, name: str) -> None:
     try:
         _free_block(mm, off, name)
     except OUT_OF_HEAP as exc:
-        raise _corrupted(
+        raise corrupted(
             name, f"freeing the block at offset {off} (handle {off + BLOCK_HDR}): a block size "
             f"or free-list link points outside the heap ({exc})",
         ) from None  # fmt: skip
@@ -374,13 +376,13 @@ def _free_block(mm: mmap, off: int, name: str) -> None:
         mm, off + size
     )
     if magic != BLOCK_MAGIC or prev_of_next != size:
-        raise _corrupted(name, f"the block after offset {off} does not match its size {size}")
+        raise corrupted(name, f"the block after offset {off} does not match its size {size}")
     if prev_size:
         prv, p_magic, p_size = off - prev_size, 0, 0
         if prv >= HEADER_SIZE and prev_size % ALIGN == 0:
             p_magic, _, p_size = BLOCK.unpack_from(mm, prv)[:3]
         if (p_magic, p_size) != (BLOCK_MAGIC, prev_size):
-            raise _corrupted(name, f"the block before offset {off} does not match its size")
+            raise corrupted(name, f"the block before offset {off} does not match its size")
     put, get = U64.pack_into, _get_u64  # links and counters: repair rebuilds them
     put(mm, OFF_DIRTY, _pid[0])
     # Freed in the first write: from here a repair (walk) sees a free block and rebuilds the rest.
@@ -431,150 +433,3 @@ def extend(mm: mmap, total: int, new_total: int) -> None:
     mm[end : end + BLOCK.size] = BLOCK.pack(BLOCK_MAGIC, FREE, grow_by, prev_size, 0, 0, 0, 0)
     _coalesce_and_insert(mm, end)
     U64.pack_into(mm, OFF_DIRTY, 0)
-
-
-def check_heap(mm: mmap, mapped: int, name: str) -> None:
-    """Refuse a heap found broken; rebuild one that a dead process left mid-mutation.
-
-    Raises:
-        TritonModelException: the heap is (now found) beyond repair.
-    """
-    if U64.unpack_from(mm, OFF_BROKEN)[0]:
-        raise _corrupted(name, "its heap could not be rebuilt after a process died changing it")
-    if U64.unpack_from(mm, OFF_DIRTY)[0]:
-        try:
-            walk(mm, mapped, name, repair=True)
-        except TritonModelException:
-            U64.pack_into(mm, OFF_BROKEN, 1)
-            raise
-        U64.pack_into(mm, OFF_RECOVERIES, U64.unpack_from(mm, OFF_RECOVERIES)[0] + 1)
-        U64.pack_into(mm, OFF_DIRTY, 0)
-
-
-def walk(mm: mmap, mapped: int, name: str, *, repair: bool) -> PoolStats:
-    """Walk every block; check (``repair=False``) or rebuild (``repair=True``) the heap.
-
-    Raises:
-        TritonModelException: a block header is invalid, or (checking) a boundary tag, a free
-            list, the bitmap or a counter disagrees with the blocks.
-    """
-    total = int(U64.unpack_from(mm, OFF_TOTAL)[0])
-    end = total - ALIGN
-    if total > mapped or BLOCK.unpack_from(mm, end)[:3] != (BLOCK_MAGIC, END, ALIGN):
-        raise _corrupted(name, f"no end sentinel at offset {end}")
-    blocks: list[tuple[int, int, int]] = []  # (offset, state, size)
-    off = HEADER_SIZE
-    while off < end:
-        magic, state, size, _, nbytes, _, _, _ = BLOCK.unpack_from(mm, off)
-        if repair and magic == BLOCK_MAGIC and state == END:
-            # A grower died after committing the new size but before turning the old
-            # sentinel into free space: the rest of the heap is free.
-            state, size = FREE, end - off
-        if (
-            magic != BLOCK_MAGIC
-            or state not in (FREE, RAW, RECORD)
-            or size < DATA
-            or size % ALIGN
-            or off + size > end
-            or (state != FREE and nbytes > size - DATA)
-        ):
-            raise _corrupted(
-                name, f"bad block header at offset {off} (magic 0x{magic:08x}, state {state}, "
-                f"size {size})",
-            )  # fmt: skip
-        if repair and state == FREE and blocks and blocks[-1][1] == FREE:
-            prev_off, _, prev_size = blocks.pop()
-            off, size = prev_off, prev_size + size
-        blocks.append((off, state, size))
-        off += size
-    used = sum(size for _, state, size in blocks if state != FREE)
-    unloaded = tuple(
-        off + BLOCK_HDR
-        for off, state, _ in blocks
-        if state == RECORD and REF.unpack_from(mm, off + BLOCK_HDR)[1]
-    )
-    free = [(o, size) for o, state, size in blocks if state == FREE]
-    if repair:
-        _rebuild(mm, blocks, end, used, len(blocks) - len(free))
-    else:
-        _verify(mm, blocks, free, end, used, name)
-    return PoolStats(
-        size=total,
-        used=used,
-        free=sum(size for _, size in free),
-        allocations=len(blocks) - len(free),
-        free_blocks=len(free),
-        largest_free=max((size for _, size in free), default=0),
-        recoveries=int(U64.unpack_from(mm, OFF_RECOVERIES)[0]),
-        unloaded_records=len(unloaded),
-        unloaded_handles=unloaded,
-    )
-
-
-def _rebuild(
-    mm: mmap, blocks: list[tuple[int, int, int]], end: int, used: int, allocations: int
-) -> None:
-    for b in range(NBINS):
-        U64.pack_into(mm, OFF_BINS + 8 * b, 0)
-    U64.pack_into(mm, OFF_BITMAP, 0)
-    # The free lists are built from what this walk found, never read back from the mapping:
-    # a process that scribbles on the header meanwhile must not send a write past the heap
-    # (a head read back could be any value). Written as they grow, as _bin_insert does.
-    heads = [0] * NBINS
-    bitmap = 0
-    prev = 0
-    for off, state, size in blocks:
-        # State and size in one store: a repairer that dies here leaves a walkable heap.
-        mm[off + OFF_STATE : off + OFF_SIZE + 8] = _STATE_SIZE.pack(state, size)
-        U64.pack_into(mm, off + OFF_PREV, prev)
-        if state == FREE:
-            mm[off + BLOCK_HDR : off + BLOCK_HDR + REF.size] = REF.pack(0, 0)
-            b = size.bit_length() - 1
-            bitmap |= 1 << b
-            _bin_push(mm, off, b, heads[b], bitmap)
-            heads[b] = off
-        prev = size
-    U64.pack_into(mm, end + OFF_PREV, prev)
-    U64.pack_into(mm, OFF_USED, used)
-    U64.pack_into(mm, OFF_NALLOC, allocations)
-
-
-def _verify(
-    mm: mmap,
-    blocks: list[tuple[int, int, int]],
-    free: list[tuple[int, int]],
-    end: int,
-    used: int,
-    name: str,
-) -> None:
-    prev, prev_state = 0, RAW
-    for off, state, size in blocks:
-        if U64.unpack_from(mm, off + OFF_PREV)[0] != prev:
-            raise _corrupted(name, f"boundary tag of the block at offset {off}")
-        if state == FREE and prev_state == FREE:
-            raise _corrupted(name, f"adjacent free blocks at offset {off}")
-        prev, prev_state = size, state
-    if U64.unpack_from(mm, end + OFF_PREV)[0] != prev:
-        raise _corrupted(name, "boundary tag of the end sentinel")
-    listed: set[int] = set()
-    bitmap = U64.unpack_from(mm, OFF_BITMAP)[0]
-    for b in range(NBINS):
-        off = U64.unpack_from(mm, OFF_BINS + 8 * b)[0]
-        if bool(off) != bool(bitmap >> b & 1):
-            raise _corrupted(name, f"bitmap bit {b}")
-        back = 0
-        while off:
-            if off in listed or len(listed) > len(free):
-                raise _corrupted(name, f"free list {b} loops")
-            listed.add(off)
-            if U64.unpack_from(mm, off + OFF_PREV_FREE)[0] != back:
-                raise _corrupted(name, f"free list {b} back link at offset {off}")
-            if U64.unpack_from(mm, off + OFF_SIZE)[0].bit_length() - 1 != b:
-                raise _corrupted(name, f"block at offset {off} in the wrong bin {b}")
-            back, off = off, U64.unpack_from(mm, off + OFF_NEXT_FREE)[0]
-    if listed != {off for off, _ in free}:
-        raise _corrupted(name, "free lists do not match the free blocks")
-    if U64.unpack_from(mm, OFF_USED)[0] != used:
-        raise _corrupted(name, f"used-bytes counter {U64.unpack_from(mm, OFF_USED)[0]}")
-    if U64.unpack_from(mm, OFF_NALLOC)[0] != len(blocks) - len(free):
-        raise _corrupted(name, f"allocation counter {U64.unpack_from(mm, OFF_NALLOC)[0]}")

@@ -23,6 +23,7 @@ import numpy as np
 
 from pb_tensor.errors import TritonModelException
 from pb_tensor.shm import _heap as heap
+from pb_tensor.shm import _heap_repair as repair
 from pb_tensor.shm._heap import PoolStats
 from pb_tensor.shm._held import OWNED, Held, persist
 from pb_tensor.shm._segment import Mapping, extend_segment
@@ -80,7 +81,7 @@ class LockedHeap:
         need = _DATA + ((nbytes + _ALIGN - 1) & -_ALIGN)  # heap.block_size, inline
         mm = m.mm
         if _u64(mm, _OFF_DIRTY)[0] or _u64(mm, _OFF_BROKEN)[0]:  # what check_heap looks at
-            heap.check_heap(mm, m.size, self._name)
+            repair.check_heap(mm, m.size, self._name)
         off = heap.find_fit(mm, need, m.size, self._name)
         if off == 0:
             m = self._grow(m, need, nbytes)
@@ -146,7 +147,7 @@ class LockedHeap:
         if holder is not None:
             holder._token = 0
         self._owners.pop(token, None)
-        heap.check_heap(m.mm, m.size, self._name)  # repairs a mutation cut short
+        repair.check_heap(m.mm, m.size, self._name)  # repairs a mutation cut short
         fields = heap.BLOCK_REF.unpack_from(m.mm, handle - heap.BLOCK_HDR)
         if fields[1] == state and fields[7:] == (refcount, pending):
             heap.free_block(m.mm, handle - heap.BLOCK_HDR, self._name)
@@ -376,7 +377,7 @@ class LockedHeap:
             else:
                 mm = m.mm
                 if _u64(mm, _OFF_DIRTY)[0] or _u64(mm, _OFF_BROKEN)[0]:  # check_heap's test
-                    heap.check_heap(mm, m.size, self._name)
+                    repair.check_heap(mm, m.size, self._name)
                 heap.free_block(mm, handle - heap.BLOCK_HDR, self._name)
             if token:
                 del self._owners[token]
@@ -408,7 +409,7 @@ class LockedHeap:
         self, m: Mapping, handle: int, refcount: int, new_pending: int, token: int
     ) -> None:
         off = handle - heap.BLOCK_HDR
-        heap.check_heap(m.mm, m.size, self._name)  # repairs a free cut short
+        repair.check_heap(m.mm, m.size, self._name)  # repairs a free cut short
         if refcount > 1:
             if heap.REF.unpack_from(m.mm, handle) != (refcount - 1, new_pending):
                 heap.put_ref(m.mm, handle, refcount - 1, new_pending)
@@ -507,5 +508,5 @@ class LockedHeap:
 
     def _stats_locked(self, m: Mapping) -> PoolStats:
         self._sweep_locked(m)
-        heap.check_heap(m.mm, m.size, self._name)
-        return heap.walk(m.mm, m.size, self._name, repair=False)
+        repair.check_heap(m.mm, m.size, self._name)
+        return repair.walk(m.mm, m.size, self._name, repair=False)

@@ -4,7 +4,8 @@ statistics they record (:class:`Statistics`)."""
 
 from __future__ import annotations
 
-from pb_tensor.runtime._scheduling._batcher import BatchPolicy, DynamicBatcher, batch_policy
+from pb_tensor.runtime._scheduling._batch_policy import BatchPolicy, batch_policy
+from pb_tensor.runtime._scheduling._batcher import DynamicBatcher
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
 from pb_tensor.runtime._scheduling._scheduler import Scheduler, unloaded_error
 from pb_tensor.runtime._scheduling._sequence import SequenceBatcher

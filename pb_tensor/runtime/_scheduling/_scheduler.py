@@ -11,7 +11,8 @@ from typing import Any
 from pb_tensor.runtime._engines import Cancels
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
-from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, batch_policy
+from pb_tensor.runtime._scheduling._batch_policy import batch_policy
+from pb_tensor.runtime._scheduling._batcher import DynamicBatcher
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet, Lease
 from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
 from pb_tensor.runtime._scheduling._sequence_policy import sequence_policy
