@@ -554,8 +554,8 @@ def _table(args: argparse.Namespace, wanted: set[str], protocols: set[str], requ
                             (rate, lat, client, used, meter.share()))
         print(f"add_sub, two (16,) FP32 inputs, {requests} requests per case, best of "
               f"{rounds} interleaved rounds; server / client us: CPU per call of the server (with "
-              "its child processes) and of the load generator; steal: the share of the "
-              "machine's CPU time the hypervisor gave to other guests during that run")
+              "its child processes) and of the load generator; steal: the share of CPU time "
+              "the machine's CPUs waited for the hypervisor during that run")
         print(f"{'server':<12}{'protocol':<14}{'clients':>8}{'req/s':>10}{'p50 ms':>10}"
               f"{'p99 ms':>10}{'server us':>11}{'client us':>11}{'steal':>7}")
         shares = []
