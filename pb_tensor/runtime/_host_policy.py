@@ -5,8 +5,10 @@ the backend creates the instance, so python_backend's stub, started from that th
 those cores (core's ``numa_utils.cc`` and ``backend_model.cc``). Here a stub process binds
 all its threads to them before the model's ``initialize``.
 
-Stricter than Triton: ``numa-node`` (a NUMA memory policy through libnuma) is refused, and
-``cpu-cores`` bounds must be whole numbers (``std::stoi`` takes ``"3x"`` as 3).
+Stricter than Triton: ``numa-node`` (a NUMA memory policy through libnuma) is refused,
+``cpu-cores`` bounds must be whole numbers (``std::stoi`` takes ``"3x"`` as 3), and a bound
+past 65535 is refused (Triton spells the range out and binds whichever CPUs fall in its
+1,024-CPU set).
 """
 
 from __future__ import annotations
