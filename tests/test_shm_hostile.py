@@ -10,6 +10,7 @@ import ast
 import inspect
 import json
 import os
+import signal
 import threading
 import types
 import uuid
@@ -114,7 +115,7 @@ def test_forked_child_ending_in_os_exit_leaks_nothing(sealed: bool) -> None:
 # a release failed with "Shared memory handle N refers to freed memory". Denser storms (10-25
 # us; 20-60 us in about 1 run in 100) can leave a holder alive for good (docs/guarantees.md).
 _TIMER = r"""
-import gc, json, random, signal, sys
+import gc, json, random, signal, sys, threading
 import numpy as np
 from pb_tensor import Tensor, TritonModelException
 from pb_tensor.shm import SharedMemoryPool
@@ -135,6 +136,10 @@ def handler(signum, frame):
         raise KeyboardInterrupt
 
 
+# A thread that blocks no signal: while the library blocks them in this thread (_held.complete),
+# the kernel gives SIGALRM to this one, and the handler still runs here at the next check.
+# numpy's BLAS threads do the same where it starts them; this makes it so on every machine.
+threading.Thread(target=threading.Event().wait, daemon=True).start()
 pool = SharedMemoryPool.create(4 << 20, sealed=sealed)
 samples = []
 for _ in range(201):  # warm up (first uses) without the timer, and time one save + load
@@ -207,6 +212,70 @@ def test_repeated_interrupts_around_save_and_load_leave_nothing(
     assert report["errors"] == [], report  # no double release
     assert (report["allocations"], report["unloaded"]) == (0, 0), report
     assert (report["owners"], report["pending"]) == (0, 0), report
+
+
+# A clean-up step (_held.complete) runs to its end even when the signal that interrupts it is
+# taken by another thread: CPython's C handler marks it there and the main thread would run the
+# Python handler inside the step. Before the handlers were held off, a heap repair longer than a
+# timer's interval restarted for ever (the timer test above, on CI's Python 3.13).
+_HELD_OFF = r"""
+import os, signal, sys, threading
+from pb_tensor.shm._held import complete
+
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w)
+other = threading.Thread(target=threading.Event().wait, daemon=True)
+other.start()
+calls, runs, during = [], [], []
+
+
+def handler(signum, frame):
+    calls.append((signum, frame.f_code.co_name if frame is not None else None))
+    raise KeyboardInterrupt
+
+
+def step(nested):
+    runs.append("start")
+    if len(runs) == 1:  # sent once: without the hold-off, every retry would be cut short too
+        signal.pthread_kill(other.ident, signal.SIGUSR1)
+        os.read(wake_r, 1)  # the C handler has run there (it writes here): marked for this one
+        for _ in range(1000):  # backward jumps, where handlers run
+            pass
+    during.append(signal.getsignal(signal.SIGUSR1) is handler)
+    if nested:
+        complete([False], step, False)
+    runs.append("end")
+
+
+signal.signal(signal.SIGUSR1, handler)
+before = {s: signal.getsignal(s) for s in signal.valid_signals()}
+done = [False]
+complete(done, step, sys.argv[1] == "nested")
+after = {s: signal.getsignal(s) for s in signal.valid_signals()}
+changed = sorted(int(s) for s in before if before[s] is not after[s])
+# In another thread: Python handlers never run there, so nothing is swapped.
+seen = []
+worker = threading.Thread(target=complete, args=([False], lambda: seen.append(
+    signal.getsignal(signal.SIGUSR1) is handler)))
+worker.start()
+worker.join()
+print(runs, [(int(s), f) for s, f in calls], done, during, changed, seen)
+"""
+
+
+@pytest.mark.parametrize("nested", ["flat", "nested"])
+def test_a_clean_up_step_is_not_cut_short_by_a_signal_another_thread_took(nested: str) -> None:
+    done = run_python_code(_HELD_OFF, nested, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    usr1 = int(signal.SIGUSR1)
+    if nested == "flat":
+        expected = f"['start', 'end'] [({usr1}, 'step')] [True] [False] [] [True]"
+    else:  # the inner step ran once too; the signal was handled once, after the outer step
+        expected = (
+            f"['start', 'start', 'end', 'end'] [({usr1}, 'step')] [True] [False, False] [] [True]"
+        )
+    assert done.stdout.strip() == expected, done.stdout
 
 
 # A load's holder whose finaliser an asynchronous exception cut short at its entry (the timer

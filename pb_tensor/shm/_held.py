@@ -52,6 +52,11 @@ _sigmask: Final[Callable[[int, Iterable[int]], set[int]]] = importlib.import_mod
 _SIG_BLOCK: Final = signal.SIG_BLOCK
 _SIG_UNBLOCK: Final = signal.SIG_UNBLOCK
 _ALL_SIGNALS: Final = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+# The C functions under signal.getsignal and signal.signal (no frames, no enum conversions).
+_getsignal: Final[Callable[[int], object]] = importlib.import_module("_signal").getsignal
+_setsignal: Final[Callable[[int, object], object]] = importlib.import_module("_signal").signal
+_HANDLER_SIGNALS: Final = tuple(sorted(_ALL_SIGNALS))
+_get_ident: Final = threading.get_ident
 
 
 class OwnedLock(Protocol):
@@ -91,11 +96,21 @@ def new_lock() -> OwnedLock:
 def complete(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
     """Run ``fn(*args)`` until it has run to its end, then set ``done[0]`` (module docstring).
 
-    Signals are blocked in this thread meanwhile (those that were not blocked already, given
-    back on the way out): a step that takes longer than a signal timer's interval would
-    otherwise be restarted for ever. A signal that arrives in between waits in the kernel and
-    its handler runs once this returns; only one taken by another thread of the process can
-    still interrupt the step here, which is then retried.
+    Signal handlers are held off meanwhile: a step that takes longer than a signal timer's
+    interval (a heap repair walks every block) would otherwise be restarted for ever.
+
+    - Signals are blocked in this thread (those that were not blocked already, given back on
+      the way out): one that arrives in between waits in the kernel, and its handler runs
+      once this returns.
+    - That is not enough. The kernel gives a signal sent to the process to any thread that
+      does not block it (numpy's BLAS threads, a server's workers), CPython's C handler there
+      marks it, and the main thread runs the Python handler at its next check, inside the
+      step. So in the main thread (the only one where Python handlers run) every Python
+      handler is also replaced, for the step, by a recorder (a C method: it runs no frame and
+      never raises); each signal it recorded has its handler run, once, with the frame it
+      landed in, after the originals are back. What such a handler raises is dropped, as the
+      caller's retry loop (:func:`persist`) drops what a kernel-held one raises on the way
+      out: the caller re-raises the exception that started the clean-up.
 
     Raises:
         TritonModelException: what ``fn`` raised (a corrupted heap: retrying cannot help).
@@ -103,8 +118,12 @@ def complete(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
             the caller's loop retries).
     """
     unblocked = _ALL_SIGNALS - _sigmask(_SIG_BLOCK, ())
+    swapped: list[tuple[int, Callable[..., object]]] = []  # (signal, its own handler)
+    deferred: dict[int, object] = {}  # signal -> the frame its handler would have run in
     try:
         _sigmask(_SIG_BLOCK, unblocked)
+        if _get_ident() == threading.main_thread().ident:
+            _defer_handlers(swapped, deferred.__setitem__)
         while True:
             if True in done:
                 break
@@ -132,7 +151,81 @@ def complete(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
             except BaseException:  # retried
                 pass
     finally:
+        # Handlers back and the recorded ones run before signals are unblocked: a held one
+        # that the unblocking lets in raises there, which would skip anything after it.
+        if swapped:
+            _restore_handlers(swapped)
+        if deferred:
+            _replay(deferred)
         _sigmask(_SIG_UNBLOCK, unblocked)
+
+
+def _defer_handlers(
+    swapped: list[tuple[int, Callable[..., object]]], defer: Callable[..., None]
+) -> None:
+    """Replace every Python-level signal handler by ``defer``, recording each in ``swapped``
+    before it is replaced (a handler that lands in between finds nothing half done)."""
+    for sig in _HANDLER_SIGNALS:
+        handler = _getsignal(sig)
+        if callable(handler):
+            swapped.append((sig, handler))
+            try:
+                _setsignal(sig, defer)
+            except ValueError:  # not the main interpreter: its handlers never run
+                swapped.pop()
+                return
+
+
+def _restore_handlers(swapped: list[tuple[int, Callable[..., object]]]) -> None:
+    """Put back every handler :func:`_defer_handlers` replaced. Setting one twice is harmless,
+    so a handler already back that raises on the way is retried past (two nested levels, as
+    in :func:`complete`; what it raised is dropped, see there)."""
+    while True:
+        if not swapped:
+            break
+        try:
+            while True:
+                if not swapped:
+                    break
+                try:
+                    while True:
+                        if not swapped:
+                            break
+                        sig, handler = swapped[-1]
+                        _setsignal(sig, handler)
+                        swapped.pop()
+                except BaseException:  # retried
+                    pass
+        except BaseException:  # retried
+            pass
+
+
+def _replay(deferred: dict[int, object]) -> None:
+    """Run the handler of each recorded signal, as CPython would have: once, with the signal
+    and the frame it landed in. What a handler raises is dropped (see :func:`complete`)."""
+    while True:
+        if not deferred:
+            break
+        try:
+            while True:
+                if not deferred:
+                    break
+                try:
+                    while True:
+                        if not deferred:
+                            break
+                        sig = next(iter(deferred))
+                        handler = _getsignal(sig)
+                        frame = deferred[sig]
+                        # No check for handlers between the removal and the call (neither
+                        # is a call): the signal is handled at most once, as CPython does.
+                        del deferred[sig]
+                        if callable(handler):
+                            handler(sig, frame)
+                except BaseException:  # the handler's own exception, or another's
+                    pass
+        except BaseException:
+            pass
 
 
 def persist(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
