@@ -10,7 +10,8 @@ lock) are retried until they have run to their end, so that a second asynchronou
 inside the cleanup of the first cannot leave the heap change half done and unowned. CPython
 runs signal handlers on entry to a Python function, at every backward jump and after calls into
 C; a retry loop's jump lies outside its own try, so the retries nest (see :func:`persist`), and
-:func:`complete` blocks signals in this thread while it retries.
+:func:`complete` holds signal handlers off while it retries (it blocks signals in this thread
+and, in the main thread, stands in for the Python handlers: see there).
 
 Every retry loop is written ``while True: if done[0]: break`` and never ``while not
 done[0]:``: on CPython 3.13 an exception that a signal handler raises at the backward jump of
