@@ -46,18 +46,15 @@ OWNED: Final = [True]
 # Not signal.pthread_sigmask: that is a Python wrapper (frames where handlers run) that turns each
 # signal of the returned mask into a Signals enum, about 30 us for a full mask, longer than a
 # dense timer's interval, so that a signal always arrived before the mask took effect. The C
-# function under it (CPython's _signal module, in every version) takes about 2 us.
-_sigmask: Final[Callable[[int, Iterable[int]], set[int]]] = importlib.import_module(
-    "_signal"
-).pthread_sigmask
+# function under it (CPython's _signal module, in every version) takes about 2 us. The same
+# for signal.getsignal and signal.signal: the C functions, no frames, no enum conversions.
+_c_signal: Final = importlib.import_module("_signal")
+_sigmask: Final[Callable[[int, Iterable[int]], set[int]]] = _c_signal.pthread_sigmask
+_getsignal: Final[Callable[[int], object]] = _c_signal.getsignal
+_setsignal: Final[Callable[[int, object], object]] = _c_signal.signal
 _SIG_BLOCK: Final = signal.SIG_BLOCK
 _SIG_UNBLOCK: Final = signal.SIG_UNBLOCK
 _ALL_SIGNALS: Final = frozenset(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
-# The C functions under signal.getsignal and signal.signal (no frames, no enum conversions).
-_getsignal: Final[Callable[[int], object]] = importlib.import_module("_signal").getsignal
-_setsignal: Final[Callable[[int, object], object]] = importlib.import_module("_signal").signal
-_HANDLER_SIGNALS: Final = tuple(sorted(_ALL_SIGNALS))
-_get_ident: Final = threading.get_ident
 
 
 class OwnedLock(Protocol):
@@ -123,7 +120,7 @@ def complete(done: list[bool], fn: Callable[..., None], *args: Any) -> None:
     deferred: dict[int, object] = {}  # signal -> the frame its handler would have run in
     try:
         _sigmask(_SIG_BLOCK, unblocked)
-        if _get_ident() == threading.main_thread().ident:
+        if threading.get_ident() == threading.main_thread().ident:
             _defer_handlers(swapped, deferred.__setitem__)
         while True:
             if True in done:
@@ -166,7 +163,7 @@ def _defer_handlers(
 ) -> None:
     """Replace every Python-level signal handler by ``defer``, recording each in ``swapped``
     before it is replaced (a handler that lands in between finds nothing half done)."""
-    for sig in _HANDLER_SIGNALS:
+    for sig in _ALL_SIGNALS:
         handler = _getsignal(sig)
         if callable(handler):
             swapped.append((sig, handler))
@@ -179,8 +176,8 @@ def _defer_handlers(
 
 def _restore_handlers(swapped: list[tuple[int, Callable[..., object]]]) -> None:
     """Put back every handler :func:`_defer_handlers` replaced. Setting one twice is harmless,
-    so a handler already back that raises on the way is retried past (two nested levels, as
-    in :func:`complete`; what it raised is dropped, see there)."""
+    so a handler already back that raises on the way is retried past (nested retries, as in
+    :func:`complete`; what it raised is dropped, see there)."""
     while True:
         if not swapped:
             break
