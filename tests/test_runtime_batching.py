@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pb_tensor.runtime import InferenceError, LoadedModel, ModelRepository, Outputs
+from pb_tensor.runtime import InferenceError, InferFuture, LoadedModel, ModelRepository, Outputs
 from pb_tensor.utils import TritonError
 
 _MODEL = '''
@@ -375,3 +375,131 @@ def test_unload_fails_queued_requests(tmp_path: Path) -> None:
                 future.result(30)
             assert info.value.message() == "Request for unknown model: 'b' is not found"
         assert not model.loaded
+
+
+# -- the default scheduler's queue (no dynamic_batching) of a stub model ----------------------
+def _completed_by(future: InferFuture) -> list[str]:
+    """The name of the thread that will complete ``future`` (a quick callback runs there)."""
+    names: list[str] = []
+    future.add_done_callback(lambda _: names.append(threading.current_thread().name),
+                             quick=True)  # fmt: skip
+    return names
+
+
+def test_stub_model_without_batcher_takes_queued_requests_one_at_a_time(
+    tmp_path: Path,
+) -> None:
+    """Without ``dynamic_batching``, concurrent callers of a stub model each get an execute
+    call of their own request, in the order they queued (Triton's default scheduler), and
+    the statistics count one execution per inference, each with its queue time."""
+    repo, model = _load(tmp_path, "", isolated=True)
+    with repo:
+        busy = model.infer_async(_req(0), parameters={"sleep": 0.3})
+        time.sleep(0.1)
+        results: dict[int, Outputs] = {}
+
+        def call(i: int) -> None:
+            results[i] = model.infer(_req(i))
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(1, 8)]
+        for t in threads:
+            t.start()
+            time.sleep(0.02)  # queued one after the other
+        results[0] = busy.result(30)
+        for t in threads:
+            t.join(30)
+        seen = _check_own([results[i] for i in range(8)], [(1, 2)] * 8)
+        stats = model.statistics()
+    assert [b for b, _ in seen] == [1] * 8
+    assert [s for _, s in seen] == list(range(1, 9))  # first come, first served
+    assert stats["execution_count"] == stats["inference_count"] == 8
+    assert stats["inference_stats"]["queue"]["count"] == 8
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (1, 8)
+    ]
+
+
+@pytest.mark.parametrize("batching", ["", "dynamic_batching { }"], ids=["default", "dynamic"])
+def test_infer_async_of_a_queued_request_waits_in_no_thread(
+    tmp_path: Path, batching: str
+) -> None:
+    """``infer_async`` of a request that joins a queue (a stub model's, with or without a
+    dynamic batcher) starts no background thread: the instance's thread completes the
+    future when the request's batch ends."""
+    repo, model = _load(tmp_path, batching, isolated=True)
+    with repo:
+        futures = [model.infer_async(_req(i), parameters={"sleep": 0.2}) for i in range(3)]
+        completed = [_completed_by(f) for f in futures]
+        _check_own([f.result(30) for f in futures], [(1, 2)] * 3)
+    assert completed == [["pb-tensor-batch-b_0"]] * 3
+
+
+def test_infer_async_of_an_in_process_model_runs_in_a_background_thread(
+    tmp_path: Path,
+) -> None:
+    """An in-process model's request (no queue) runs in a background thread of its own."""
+    repo, model = _load(tmp_path, "")
+    with repo:
+        future = model.infer_async(_req(5), parameters={"sleep": 0.3})
+        completed = _completed_by(future)
+        np.testing.assert_array_equal(future.result(30)["OUT"], np.full((1, 2), 5, np.int32))
+    assert completed == ["pb-tensor-infer-b"]
+
+
+def test_stub_model_without_batcher_infer_many_is_one_execute(tmp_path: Path) -> None:
+    """``infer_many`` without ``dynamic_batching`` still hands its requests to the model in
+    one execute call, with a stub process as in-process."""
+    repo, model = _load(tmp_path, "", isolated=True)
+    with repo:
+        seen = _check_own(model.infer_many([_req(i) for i in range(3)]), [(1, 2)] * 3)
+    assert seen == [(3, 1)] * 3
+
+
+def test_stub_model_without_batcher_cancel_and_unload_while_queued(tmp_path: Path) -> None:
+    """In a stub model's default queue, a cancelled request never reaches the model
+    (Triton's CANCELLED error) and unloading fails the requests still queued with
+    Triton's unknown-model error."""
+    repo, model = _load(tmp_path, "", isolated=True)
+    with repo:
+        busy = model.infer_async(_req(0), parameters={"sleep": 0.5})
+        time.sleep(0.1)
+        cancelled = model.infer_async(_req(1))
+        queued = [model.infer_async(_req(i)) for i in (2, 3)]
+        assert cancelled.cancel()
+        with pytest.raises(InferenceError) as info:
+            cancelled.result(30)
+        assert info.value.code() == TritonError.CANCELLED
+        time.sleep(0.1)
+        model.unload()
+        _check_own([busy.result(30)], [(1, 2)])
+        for future in queued:
+            with pytest.raises(InferenceError) as info:
+                future.result(30)
+            assert info.value.message() == "Request for unknown model: 'b' is not found"
+
+
+@pytest.mark.parametrize("batching", ["", "dynamic_batching { }"], ids=["default", "dynamic"])
+def test_done_callback_of_a_queued_request_may_call_the_model(
+    tmp_path: Path, batching: str
+) -> None:
+    """A queued request's future is completed by the instance's thread, but its done
+    callbacks run in a worker thread: one may block, or make a request of the same
+    one-instance model, which then runs instead of being refused or waiting on itself."""
+    repo, model = _load(tmp_path, batching, isolated=True)
+    with repo:
+        got: list[object] = []
+        done = threading.Event()
+
+        def callback(future: object) -> None:
+            try:
+                got.append(threading.current_thread().name)
+                got.append(int(model.infer(_req(7))["OUT"][0, 0]))
+            except Exception as exc:  # (the assertion below shows it)
+                got.append(exc)
+            done.set()
+
+        future = model.infer_async(_req(1), parameters={"sleep": 0.2})
+        future.add_done_callback(callback)
+        assert done.wait(30)
+        assert got == ["pb-tensor-callback", 7]
+        np.testing.assert_array_equal(future.result(30)["OUT"], np.full((1, 2), 1, np.int32))

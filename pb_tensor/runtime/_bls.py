@@ -17,7 +17,7 @@ from pb_tensor import Tensor
 from pb_tensor.runtime._channel import ChannelClosed
 from pb_tensor.runtime._engines import StubEngine
 from pb_tensor.runtime._host import RequestData
-from pb_tensor.runtime._tracker import Cancellation, Reply, acting_as, acting_for
+from pb_tensor.runtime._tracker import Cancellation, Reply, acting_as, acting_for, serving_bls
 
 __all__ = ["Route", "StubBls"]
 
@@ -43,13 +43,15 @@ class StubBls:
         data = RequestData(tensors, requested, request_id, correlation_id, flags, parameters,
                            timeout_us)  # fmt: skip
         if not decoupled:
-            self._forward(engine, call_id, self._route(model_name, version, data, timeout_us,
-                                                       False, None))  # fmt: skip
+            with serving_bls():
+                replies = self._route(model_name, version, data, timeout_us, False, None)
+            self._forward(engine, call_id, replies)
             return
         cancellation = Cancellation()
         with self._lock:
             self._calls[call_id] = cancellation
-        replies = self._route(model_name, version, data, timeout_us, True, cancellation)
+        with serving_bls():
+            replies = self._route(model_name, version, data, timeout_us, True, cancellation)
         caller = acting_for()
 
         def forward() -> None:

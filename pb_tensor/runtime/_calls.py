@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import logging
 import os
 import queue
 import threading
@@ -14,10 +15,20 @@ import weakref
 from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
 
+from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 from pb_tensor.runtime._values import Outputs, outputs_of
 
-__all__ = ["BlsResponses", "InferFuture", "ResponseStream", "start", "stream_outputs"]
+__all__ = [
+    "BlsResponses",
+    "FutureSink",
+    "InferFuture",
+    "ResponseStream",
+    "first_outputs",
+    "start",
+    "stream_outputs",
+]
 
 
 T = TypeVar("T")
@@ -57,6 +68,20 @@ class InferFuture(concurrent.futures.Future[Outputs]):
     def __init__(self, cancellation: Cancellation) -> None:
         super().__init__()
         self._cancellation = cancellation
+
+    def add_done_callback(
+        self, fn: Callable[[concurrent.futures.Future[Outputs]], object], *,
+        quick: bool = False,
+    ) -> None:
+        """Call ``fn(future)`` once the future is done (now, in this thread, if it is).
+
+        A request that waited in a queue is completed by the thread of the instance that
+        ran it; ``fn`` then runs in a worker thread of its own, so that it may block or
+        make requests (of this model too) without holding the instance up. ``quick=True``
+        runs it in the completing thread instead, as ``concurrent.futures`` does: for a
+        callback that only hands the outcome on (``loop.call_soon_threadsafe``) and
+        never blocks."""
+        super().add_done_callback(fn if quick else functools.partial(_callback, fn))
 
     def cancel(self) -> bool:
         """Cancel the request, queued or running: the model sees ``request.is_cancelled()``
@@ -161,6 +186,85 @@ def _succeed(future: InferFuture, outputs: Outputs) -> None:
 def _fail(future: InferFuture, error: BaseException) -> None:
     with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
         future.set_exception(error)
+
+
+# Set while a FutureSink completes its future (in an instance's thread).
+_completing = threading.local()
+
+
+def _callback(fn: Callable[[concurrent.futures.Future[Outputs]], object],
+              future: concurrent.futures.Future[Outputs]) -> None:  # fmt: skip
+    if not getattr(_completing, "active", False):
+        fn(future)
+        return
+
+    def work() -> Callable[[], None]:
+        try:
+            fn(future)
+        except Exception:  # as concurrent.futures reports a callback's exception
+            logging.getLogger("concurrent.futures").exception(
+                "exception calling callback for %r", future)
+        return _nothing
+
+    _WORKERS.submit(work, "pb-tensor-callback")
+
+
+def _nothing() -> None:
+    return None
+
+
+def first_outputs(first: Reply | None, model: str) -> Outputs:
+    """The outputs of a request whose first response (or error) is ``first``, as
+    :meth:`LoadedModel.infer` gives them.
+
+    Raises:
+        InferenceError: the request's error, or it got no response at all.
+    """
+    __tracebackhide__ = True  # pytest shows the caller's line, not this frame
+    if first is None:
+        raise InferenceError(
+            f"model '{model}' sent no response for the request (a decoupled model answers "
+            "through stream())",
+            TritonError.INTERNAL,
+        )
+    if first.error is not None:
+        raise first.error
+    return outputs_of(first)
+
+
+class FutureSink:
+    """Completes ``future`` with one request's outcome from the replies a batcher puts
+    here (its ``Sink``), in the thread that ended the batch: a request queued this way
+    needs no thread of its own waiting for it."""
+
+    __slots__ = ("_first", "_future", "_model")
+
+    def __init__(self, future: InferFuture, model: str) -> None:
+        self._future = future
+        self._model = model
+        self._first: Reply | None = None
+
+    def put(self, item: Reply | list[Reply | None] | None, /) -> None:
+        """Take a reply, the request's end (None), or both together (a list)."""
+        replies: list[Reply | None] = item if isinstance(item, list) else [item]
+        for reply in replies:
+            if reply is None:
+                self._end()
+            elif self._first is None and (reply.has_response or reply.error is not None):
+                self._first = reply
+
+    def _end(self) -> None:
+        _completing.active = True
+        try:
+            try:
+                outputs = first_outputs(self._first, self._model)
+            except InferenceError as exc:
+                _fail(self._future, exc)
+            else:
+                _succeed(self._future, outputs)
+        finally:
+            _completing.active = False
+        self._first = None  # its tensors are the future's now (or dropped)
 
 
 def start(future: InferFuture, call: Callable[[], Outputs], name: str) -> None:

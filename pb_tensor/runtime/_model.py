@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
 from pb_tensor.runtime._bls import StubBls
-from pb_tensor.runtime._calls import InferFuture, ResponseStream, start, stream_outputs
+from pb_tensor.runtime._calls import (
+    FutureSink,
+    InferFuture,
+    ResponseStream,
+    first_outputs,
+    start,
+    stream_outputs,
+)
 from pb_tensor.runtime._engines import StubEngine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
@@ -318,15 +325,7 @@ class LoadedModel:
         for reply in self._replies([data], timeout, cancel, priority):
             if first is None and (reply.has_response or reply.error is not None):
                 first = reply
-        if first is None:
-            raise InferenceError(
-                f"model '{self._name}' sent no response for the request (a decoupled model "
-                "answers through stream())",
-                TritonError.INTERNAL,
-            )
-        if first.error is not None:
-            raise first.error
-        return outputs_of(first)
+        return first_outputs(first, self._name)
 
     def infer_async(
         self,
@@ -342,8 +341,10 @@ class LoadedModel:
         timeout: float | None = None,
         priority: int = 0,
     ) -> InferFuture:
-        """Run one request in a background thread (a long-lived worker, idle ones reused);
-        a future of its outputs.
+        """Run one request in the background; a future of its outputs. A request that
+        joins a queue (the dynamic batcher's, or a stub model's default scheduler's) is
+        queued now and the thread that runs its batch completes the future; any other runs
+        in a background thread (a long-lived worker, idle ones reused).
 
         Takes the arguments of :meth:`infer`. Requests wait for an idle instance (or their batch)
         as with :meth:`infer`. ``future.cancel()`` cancels the request whether it still waits or
@@ -361,7 +362,16 @@ class LoadedModel:
                              request_id)
         cancellation = Cancellation()
         future = InferFuture(cancellation)
-
+        scheduler = self._scheduler
+        if (
+            scheduler is not None and data.validated and type(data.correlation_id) is int
+            and (not self._isolated or all_host(data.inputs))
+            and scheduler.enqueue(data, self._timeout if timeout is None else timeout,
+                                  cancellation, time.monotonic_ns(), priority,
+                                  FutureSink(future, self._name))
+        ):  # fmt: skip
+            # (The checks _replies makes before its own shortcut: none could refuse it.)
+            return future
         start(future, lambda: self._first_outputs(data, timeout, cancellation, priority),
               f"pb-tensor-infer-{self._name}")  # fmt: skip
         return future

@@ -23,6 +23,8 @@ __all__ = [
     "acting_for",
     "acts_for",
     "cancelled_error",
+    "serving_bls",
+    "serving_bls_here",
 ]
 
 FINAL = 1
@@ -180,3 +182,22 @@ def acting_as(threads: frozenset[int]) -> Iterator[None]:
         yield
     finally:
         _acting.threads = previous
+
+
+@contextlib.contextmanager
+def serving_bls() -> Iterator[None]:
+    """Within the block, the current thread makes a stub's BLS request
+    (:func:`serving_bls_here` is True)."""
+    depth: int = getattr(_acting, "bls", 0)
+    _acting.bls = depth + 1
+    try:
+        yield
+    finally:
+        _acting.bls = depth
+
+
+def serving_bls_here() -> bool:
+    """Whether the current thread makes a stub's BLS request: such a request takes its
+    instance in this thread, which is how a model waiting on itself is found (see
+    :func:`acting_for`)."""
+    return bool(getattr(_acting, "bls", 0))

@@ -11,7 +11,7 @@ from typing import Any
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._queue import QueuePolicy
 
-__all__ = ["BatchPolicy", "LevelPolicy", "batch_policy"]
+__all__ = ["BatchPolicy", "LevelPolicy", "batch_policy", "one_at_a_time"]
 
 
 @dataclass(frozen=True)
@@ -94,4 +94,21 @@ def batch_policy(config: dict[str, Any]) -> BatchPolicy | None:
         levels=levels,
         equal_shape=frozenset(equal),
         optional_inputs=optional,
+    )
+
+
+def one_at_a_time(config: dict[str, Any]) -> BatchPolicy:
+    """Triton's default scheduler as a batcher's policy (a model without
+    ``dynamic_batching``): one queue, no delay, no queue policy, and every batch one request
+    whatever its size."""
+    return BatchPolicy(
+        max_batch_size=1,
+        batching=int(config.get("max_batch_size", 0) or 0) > 0,
+        preferred=frozenset(),
+        max_preferred=1,
+        delay_ns=0,
+        default_level=1,
+        levels=(LevelPolicy(timeout_us=0, allow_override=False, reject=True, max_queue_size=0),),
+        equal_shape=frozenset(),
+        optional_inputs=False,
     )

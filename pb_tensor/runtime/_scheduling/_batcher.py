@@ -28,7 +28,7 @@ from pb_tensor.runtime._scheduling._stats import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 
-__all__ = ["DynamicBatcher", "RunBatch", "gather_replies"]
+__all__ = ["DynamicBatcher", "Item", "RunBatch", "Sink", "gather_replies"]
 
 class RunBatch(Protocol):
     """``run(instance, batch, timeout, cancels, returned, on_sent)``: the replies of one
@@ -43,12 +43,21 @@ class RunBatch(Protocol):
     ) -> Iterable[Reply]: ...
 
 
-# What a caller's queue carries: a reply, None (the end of one of its requests), or a
-# request's replies and end together (a non-decoupled request's, handed over at once: one
-# hand-over, and one wake-up of its caller, per request).
-_Item = Reply | None | list[Reply | None]
+Item = Reply | None | list[Reply | None]
+"""What a caller's queue carries: a reply, None (the end of one of its requests), or a
+request's replies and end together (a non-decoupled request's, handed over at once: one
+hand-over, and one wake-up of its caller, per request)."""
+
+
+class Sink(Protocol):
+    """Where a request's replies go: ``put`` takes each item (see ``Item``) in the thread
+    that ends its batch (a ``queue.SimpleQueue``, or what completes a future there)."""
+
+    def put(self, item: Item, /) -> None: ...
+
+
 # What the instance thread hands to the callers: each caller's queue and an item for it.
-_Delivery = list[tuple[queue.SimpleQueue[_Item], _Item]]
+_Delivery = list[tuple[Sink, Item]]
 
 
 _END = None
@@ -63,8 +72,7 @@ class Pending:
 
     def __init__(
         self, data: RequestData, where: int, size: int, shape_key: object, start_ns: int,
-        deadline_ns: int, timeout: float | None, cancel: Cancellation,
-        out: queue.SimpleQueue[_Item],
+        deadline_ns: int, timeout: float | None, cancel: Cancellation, out: Sink,
     ) -> None:
         self.data = data
         self.where = where
@@ -143,7 +151,17 @@ class DynamicBatcher:
 
         A cancelled ``cancel`` takes the requests out of the queue (Triton's CANCELLED
         error), or reaches the model when they already run."""
-        out: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        out: queue.SimpleQueue[Item] = queue.SimpleQueue()
+        cancels = self.enqueue(batch, where, start_ns, timeout, cancel, priority, out)
+        return gather_replies(out, len(batch), cancels)
+
+    def enqueue(
+        self, batch: list[RequestData], where: list[int], start_ns: int, timeout: float | None,
+        cancel: Cancellation | None, priority: int, out: Sink,
+    ) -> list[Cancellation]:
+        """Queue ``batch`` as :meth:`submit` does, its replies for ``out`` (what
+        :func:`gather_replies` reads, from whichever thread ends each batch); the
+        cancellation of each request."""
         level = self._policy.level_of(priority)
         level_policy = self._policy.levels[level]
         entries: list[Pending] = []
@@ -173,9 +191,26 @@ class DynamicBatcher:
                     target=self._loop, name=f"pb-tensor-batcher-{self._name}", daemon=True
                 )
                 self._thread.start()
-            if self._waiting:
+            # The batcher's thread waits (for a request, or a batch's queue delay): an idle
+            # instance takes the batch now, from this thread, rather than after that thread
+            # woke (one thread wake-up less per request when requests come one at a time).
+            if self._waiting and (self._closed or not self._dispatch() or any(self._queues)):
                 self._cond.notify_all()
-        return gather_replies(out, len(batch), [e.cancel for e in entries])
+        return [e.cancel for e in entries]
+
+    def _dispatch(self) -> bool:
+        """Hand the queue's next batch to an idle instance's thread now, as the batcher's
+        thread does once it has the instance; whether one went (called with the condition
+        held)."""
+        instance = self._instances.try_acquire(owner=0)
+        if instance is None:
+            return False
+        batch = self._form(wait=False)
+        if not batch:
+            self._instances.release(instance)
+            return False
+        self._worker(instance).put((instance, batch))
+        return True
 
     def close(self) -> None:
         """Fail every queued request (the model is unloading) and stop forming batches."""
@@ -212,6 +247,8 @@ class DynamicBatcher:
                 batch = self._form()
                 if batch:
                     self._worker(instance).put((instance, batch))
+                    # Not kept while this thread waits: the batch holds its requests' data.
+                    del batch
                     continue
             self._instances.release(instance)
 
@@ -238,6 +275,7 @@ class DynamicBatcher:
             if item is None:
                 return
             instance, batch = item
+            del item  # (not kept while this thread waits for its next batch)
             previous: _Delivery = []
             held: _Delivery = []
             lease: Lease | None = None
@@ -434,7 +472,7 @@ def _unloaded(name: str) -> InferenceError:
 
 
 def gather_replies(
-    out: queue.SimpleQueue[_Item] | queue.SimpleQueue[Reply | None], count: int,
+    out: queue.SimpleQueue[Item] | queue.SimpleQueue[Reply | None], count: int,
     cancels: list[Cancellation],
 ) -> Iterator[Reply]:
     """The replies a batcher's instance thread puts on ``out`` for ``count`` requests (each

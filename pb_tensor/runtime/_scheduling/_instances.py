@@ -142,6 +142,16 @@ class InstanceSet:
                 self._watch(grace - now)
             return None
 
+    def try_acquire(self, owner: int) -> Instance | None:
+        """An idle instance, now used by ``owner``, if one is idle now (else None: never
+        waits, never refuses)."""
+        with self._lock:
+            if self._closed or not self._idle:
+                return None
+            instance = self._idle.popleft()
+            instance.owner = owner
+            return instance
+
     def hold(self, instance: Instance) -> bool | None:
         """Wait until ``instance`` is idle and use it (to ask its stub something between
         requests): True (release it after), False when the current thread's own request
