@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from pb_tensor.runtime import InferFuture
+
 __all__ = ["Handoff", "await_future"]
 
 T = TypeVar("T")
@@ -134,7 +136,10 @@ async def await_future(future: Any) -> Any:
         error = f.exception() if not f.cancelled() else asyncio.CancelledError()
         _send(loop, waiter, None if error is not None else f.result(), error)
 
-    future.add_done_callback(done)
+    if isinstance(future, InferFuture):
+        future.add_done_callback(done, quick=True)  # in the completing thread: it only sends
+    else:
+        future.add_done_callback(done)
     try:
         return await waiter
     except asyncio.CancelledError:
