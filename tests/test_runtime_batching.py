@@ -359,10 +359,13 @@ def test_upstream_response_sender_multiple_requests(
             assert model.statistics()["execution_count"] < len(parallel_inputs)
 
 
-def test_unload_fails_queued_requests(tmp_path: Path) -> None:
-    """Unloading waits for the running batch; requests still queued fail with Triton's
-    unknown-model error."""
-    repo, model = _load(tmp_path, "dynamic_batching { }", max_batch_size=0)
+@pytest.mark.parametrize(("batching", "isolated"), [("dynamic_batching { }", False), ("", True)],
+                         ids=["dynamic_batcher", "stub_default_queue"])
+def test_unload_fails_queued_requests(tmp_path: Path, batching: str, isolated: bool) -> None:
+    """Unloading waits for the running batch; requests still queued (in the dynamic
+    batcher's queue, or a stub model's default one) fail with Triton's unknown-model
+    error."""
+    repo, model = _load(tmp_path, batching, max_batch_size=0, isolated=isolated)
     with repo:
         busy = model.infer_async(_req(0), parameters={"sleep": 0.5})
         time.sleep(0.1)
@@ -455,27 +458,24 @@ def test_stub_model_without_batcher_infer_many_is_one_execute(tmp_path: Path) ->
     assert seen == [(3, 1)] * 3
 
 
-def test_stub_model_without_batcher_cancel_and_unload_while_queued(tmp_path: Path) -> None:
+def test_stub_model_without_batcher_cancel_while_queued(tmp_path: Path) -> None:
     """In a stub model's default queue, a cancelled request never reaches the model
-    (Triton's CANCELLED error) and unloading fails the requests still queued with
-    Triton's unknown-model error."""
+    (Triton's CANCELLED error); the one queued behind it runs next."""
     repo, model = _load(tmp_path, "", isolated=True)
     with repo:
         busy = model.infer_async(_req(0), parameters={"sleep": 0.5})
         time.sleep(0.1)
         cancelled = model.infer_async(_req(1))
-        queued = [model.infer_async(_req(i)) for i in (2, 3)]
+        after = model.infer_async(_req(2))
         assert cancelled.cancel()
         with pytest.raises(InferenceError) as info:
             cancelled.result(30)
         assert info.value.code() == TritonError.CANCELLED
-        time.sleep(0.1)
-        model.unload()
-        _check_own([busy.result(30)], [(1, 2)])
-        for future in queued:
-            with pytest.raises(InferenceError) as info:
-                future.result(30)
-            assert info.value.message() == "Request for unknown model: 'b' is not found"
+        first, second = busy.result(30), after.result(30)
+        stats = model.statistics()
+    np.testing.assert_array_equal(second["OUT"], np.full((1, 2), 2, np.int32))
+    assert (int(first["SEQ"][0, 0]), int(second["SEQ"][0, 0])) == (1, 2)
+    assert stats["execution_count"] == 2
 
 
 @pytest.mark.parametrize("batching", ["", "dynamic_batching { }"], ids=["default", "dynamic"])
