@@ -79,8 +79,8 @@ class InferFuture(concurrent.futures.Future[Outputs]):
         ran it; ``fn`` then runs in a worker thread of its own, so that it may block or
         make requests (of this model too) without holding the instance up. ``quick=True``
         runs it in the completing thread instead, as ``concurrent.futures`` does: for a
-        callback that only hands the outcome on (``loop.call_soon_threadsafe``) and
-        never blocks."""
+        callback that only hands the outcome on (``loop.call_soon_threadsafe``), never
+        blocks and makes no request (the batcher may hold its queue's lock then)."""
         super().add_done_callback(fn if quick else functools.partial(_callback, fn))
 
     def cancel(self) -> bool:
