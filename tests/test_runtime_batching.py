@@ -392,26 +392,17 @@ def _completed_by(future: InferFuture) -> list[str]:
 def test_stub_model_without_batcher_takes_queued_requests_one_at_a_time(
     tmp_path: Path,
 ) -> None:
-    """Without ``dynamic_batching``, concurrent callers of a stub model each get an execute
-    call of their own request, in the order they queued (Triton's default scheduler), and
-    the statistics count one execution per inference, each with its queue time."""
+    """Without ``dynamic_batching``, requests queued behind a running one (infer_async
+    queues each before it returns) each get an execute call of their own, in the order
+    they were queued (Triton's default scheduler); a blocking caller's request joins the
+    same queue; the statistics count one execution per inference, each with its queue
+    time."""
     repo, model = _load(tmp_path, "", isolated=True)
     with repo:
-        busy = model.infer_async(_req(0), parameters={"sleep": 0.3})
-        time.sleep(0.1)
-        results: dict[int, Outputs] = {}
-
-        def call(i: int) -> None:
-            results[i] = model.infer(_req(i))
-
-        threads = [threading.Thread(target=call, args=(i,)) for i in range(1, 8)]
-        for t in threads:
-            t.start()
-            time.sleep(0.02)  # queued one after the other
-        results[0] = busy.result(30)
-        for t in threads:
-            t.join(30)
-        seen = _check_own([results[i] for i in range(8)], [(1, 2)] * 8)
+        futures = [model.infer_async(_req(0), parameters={"sleep": 0.3})]
+        futures += [model.infer_async(_req(i)) for i in range(1, 7)]
+        last = model.infer(_req(7))  # queued behind the others: they all ran before it
+        seen = _check_own([f.result(30) for f in futures] + [last], [(1, 2)] * 8)
         stats = model.statistics()
     assert [b for b, _ in seen] == [1] * 8
     assert [s for _, s in seen] == list(range(1, 9))  # first come, first served

@@ -61,10 +61,10 @@ class Scheduler:
         # idle instance takes the next, one per execute. With stub processes the instance's
         # own thread takes them, sends each to its stub and hands the replies over, where
         # otherwise every caller's thread would wait for the instance and do that itself:
-        # one thread reading the stub instead of 16 taking turns (16 callers of add_sub:
-        # 4,709 against 3,822 req/s, medians of 4 runs). In-process models keep running on
-        # the caller's thread, decoupled ones their lazy path (a request with more than one
-        # per call, infer_many's, runs as one execute as before).
+        # a queued request needs no thread of its own while it waits (infer_async, and so
+        # serve; blocking callers measured the same either way). In-process models keep
+        # running on the caller's thread, decoupled ones their lazy path (a request with
+        # more than one per call, infer_many's, runs as one execute as before).
         self.solo = None if (policy is not None or sequence is not None or eager
                              or decoupled) else DynamicBatcher(
             name, one_at_a_time(config), self.instances, self._run_batch, self.stats
