@@ -440,6 +440,44 @@ def test_infer_async_of_an_in_process_model_runs_in_a_background_thread(
     assert completed == ["pb-tensor-infer-b"]
 
 
+@pytest.mark.parametrize("batching", ["", "dynamic_batching { }"], ids=["default", "dynamic"])
+def test_a_lone_callers_request_runs_in_its_own_thread(
+    tmp_path: Path, batching: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blocking caller whose request finds the queue empty and the instance idle sends it
+    to the stub and reads the reply in its own thread (no hand-over to the instance's
+    thread and back); its statistics are a queued request's."""
+    from pb_tensor.runtime._engines import StubEngine
+
+    threads: list[str] = []
+    run = StubEngine.run
+
+    def recording(self: StubEngine, *args: object, **kwargs: object) -> object:
+        threads.append(threading.current_thread().name)
+        return run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StubEngine, "run", recording)
+    repo, model = _load(tmp_path, batching, isolated=True)
+    with repo:
+        # The first request starts the queue's thread, which hands it to the instance's;
+        # the others come once that thread waits for requests.
+        results = [model.infer(_req(0))]
+        scheduler = model._scheduler
+        assert scheduler is not None
+        queue = scheduler.batcher or scheduler.solo
+        assert queue is not None
+        deadline = time.monotonic() + 30
+        while not queue._waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+        results += [model.infer(_req(i)) for i in range(1, 5)]
+        seen = _check_own(results, [(1, 2)] * 5)
+        stats = model.statistics()
+    assert seen == [(1, s) for s in range(1, 6)]
+    assert threads == ["pb-tensor-batch-b_0"] + [threading.current_thread().name] * 4
+    assert stats["execution_count"] == stats["inference_count"] == 5
+    assert stats["inference_stats"]["queue"]["count"] == 5
+
+
 def test_stub_model_without_batcher_infer_many_is_one_execute(tmp_path: Path) -> None:
     """``infer_many`` without ``dynamic_batching`` still hands its requests to the model in
     one execute call, with a stub process as in-process."""

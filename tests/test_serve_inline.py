@@ -143,8 +143,12 @@ def test_inline_execute_sees_no_running_loop(tmp_path_factory: Any) -> None:
 def test_models_that_wait_for_others_never_run_on_the_loop(server: Any) -> None:
     from pb_tensor.serve._inline import WARMUP, InlinePolicy
 
-    # The batcher's thread runs the batched model: the request waits for it on a worker.
-    assert {_thread(server, "batched") for _ in range(4)} == {"pb-tensor-batch-batched_0"}
+    # The batched model runs in the instance's thread, or in the worker whose request found
+    # the queue empty and the instance idle: never on the event loop's thread.
+    threads = {_thread(server, "batched") for _ in range(2 * WARMUP)}
+    assert threads <= {"pb-tensor-batch-batched_0"} | {
+        t for t in threads if t.startswith(_WORKER)
+    }, threads
     policy = InlinePolicy()
     quick, batched = server.core.model("quick"), server.core.model("batched")
     for _ in range(WARMUP):

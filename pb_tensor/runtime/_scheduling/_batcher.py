@@ -152,7 +152,15 @@ class DynamicBatcher:
         A cancelled ``cancel`` takes the requests out of the queue (Triton's CANCELLED
         error), or reaches the model when they already run."""
         out: queue.SimpleQueue[Item] = queue.SimpleQueue()
-        cancels = self.enqueue(batch, where, start_ns, timeout, cancel, priority, out)
+        # The caller waits for its replies anyway: a batch of its own requests that an idle
+        # instance can take now runs in this thread (no hand-over to the instance's thread
+        # and back: two thread wake-ups less per request for a caller alone, which cost a
+        # third of a stub model's round trip). Decoupled batches keep the instance's thread
+        # (the instance takes its next batch while this one's responses still come).
+        cancels, work = self._enqueue(batch, where, start_ns, timeout, cancel, priority, out,
+                                      self._hold)  # fmt: skip
+        if work is not None:
+            self._run_here(*work)
         return gather_replies(out, len(batch), cancels)
 
     def enqueue(
@@ -162,6 +170,14 @@ class DynamicBatcher:
         """Queue ``batch`` as :meth:`submit` does, its replies for ``out`` (what
         :func:`gather_replies` reads, from whichever thread ends each batch); the
         cancellation of each request."""
+        return self._enqueue(batch, where, start_ns, timeout, cancel, priority, out, False)[0]
+
+    def _enqueue(
+        self, batch: list[RequestData], where: list[int], start_ns: int, timeout: float | None,
+        cancel: Cancellation | None, priority: int, out: Sink, here: bool,
+    ) -> tuple[list[Cancellation], _Work | None]:
+        """:meth:`enqueue`, and (``here``) the batch for the calling thread to run when an
+        idle instance took one made of these requests only."""
         level = self._policy.level_of(priority)
         level_policy = self._policy.levels[level]
         entries: list[Pending] = []
@@ -194,23 +210,55 @@ class DynamicBatcher:
             # The batcher's thread waits (for a request, or a batch's queue delay): an idle
             # instance takes the batch now, from this thread, rather than after that thread
             # woke (one thread wake-up less per request when requests come one at a time).
-            if self._waiting and (self._closed or not self._dispatch() or any(self._queues)):
-                self._cond.notify_all()
-        return [e.cancel for e in entries]
+            work: _Work | None = None
+            if self._waiting:
+                went = False
+                if not self._closed:
+                    went, work = self._dispatch(out if here else None)
+                if self._closed or not went or any(self._queues):
+                    self._cond.notify_all()
+        return [e.cancel for e in entries], work
 
-    def _dispatch(self) -> bool:
+    def _dispatch(self, own: Sink | None) -> tuple[bool, _Work | None]:
         """Hand the queue's next batch to an idle instance's thread now, as the batcher's
-        thread does once it has the instance; whether one went (called with the condition
-        held)."""
+        thread does once it has the instance, or, when every request of it goes to ``own``,
+        give it back for the calling thread to run; whether one went (called with the
+        condition held)."""
         instance = self._instances.try_acquire(owner=0)
         if instance is None:
-            return False
+            return False, None
         batch = self._form(wait=False)
         if not batch:
             self._instances.release(instance)
-            return False
+            return False, None
+        if own is not None and all(e.out is own for e in batch):
+            return True, (instance, batch)
         self._worker(instance).put((instance, batch))
-        return True
+        return True, None
+
+    def _run_here(self, instance: Instance, batch: list[Pending]) -> None:
+        """Run ``batch`` (the calling thread's own requests, not decoupled) on ``instance``
+        in this thread, then hand the instance its next batch, if one can leave now, in the
+        instance's thread (else release it)."""
+        lease = Lease(self._instances, instance)
+        held: _Delivery = []
+        handed = False
+        try:
+            self._execute(instance, batch, lease, [], held)
+            del batch  # (the caller's data is not kept while the next batch runs)
+            following = self._ready()
+            if following:
+                with self._cond:
+                    if not self._closed:
+                        self._worker(instance).put((instance, following))
+                        handed = True
+                if not handed:  # unloaded meanwhile: those requests fail as queued ones do
+                    for entry in following:
+                        entry.end(_unloaded(self._name), self._stats)
+        finally:
+            _deliver(held)
+            if not handed:
+                lease.end()
 
     def close(self) -> None:
         """Fail every queued request (the model is unloading) and stop forming batches."""
