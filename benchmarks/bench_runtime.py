@@ -9,8 +9,10 @@ Targets (issue 11):
 * requests per second for a stream of add_sub requests, isolated and in-process (reported);
 * scheduling (issue 19): add_sub with ``dynamic_batching`` and 16 concurrent callers, stub
   process, at least 4x the throughput of the same model without it (mean batch size, and
-  the CPU time per request of the runtime's process and of the stub, printed); two
-  instances of a model that sleeps 10 ms at least 1.8x the throughput of one.
+  the CPU time per request of the runtime's process and of the stub, printed; in the same
+  rounds, for comparison without targets: the bare pattern of a model's queue with nothing
+  of pb-tensor in it, and one thread keeping 16 requests in flight with ``infer_async``);
+  two instances of a model that sleeps 10 ms at least 1.8x the throughput of one.
 * an ensemble of two add_sub steps: at most 1.2x calling the two models in sequence from
   Python (issue 19), isolated and in-process.
 
@@ -27,6 +29,8 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import pickle
+import queue
 import resource
 import shutil
 import statistics
@@ -34,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
@@ -204,6 +209,96 @@ def _concurrent_rps(call: Callable[[], object], callers: int, per_caller: int) -
     return callers * per_caller / (time.perf_counter() - start)
 
 
+def _floor_child(conn: Connection) -> None:
+    """The least a stub process does for add_sub: takes a pickled list of (INPUT0, INPUT1)
+    pairs, answers with the list of their (sum, difference) pairs; None ends it."""
+    while True:
+        batch = pickle.loads(conn.recv_bytes())
+        if batch is None:
+            return
+        conn.send_bytes(pickle.dumps([(a + b, a - b) for a, b in batch], 5))
+
+
+class _Floor:
+    """The bare pattern of a stub model's queue, with nothing of pb-tensor in it: caller
+    threads append ``(a, b)`` to a list under a condition and wait on a ``SimpleQueue`` of
+    their own; one instance thread takes one request (or, batching, every queued one up to
+    16), sends them pickled to a child process over a ``Pipe``, and puts each answer in its
+    caller's queue. No validation, no request objects, no statistics, no pool: what the
+    machine gives the hand-overs themselves."""
+
+    def __init__(self, child_cpus: set[int] | None) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, theirs = ctx.Pipe()
+        self._proc = ctx.Process(target=_floor_child, args=(theirs,), daemon=True)
+        self._proc.start()
+        theirs.close()
+        if child_cpus is not None and self._proc.pid is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(self._proc.pid, child_cpus)
+
+    def rps(self, batched: bool, callers: int, per_caller: int) -> float:
+        """Requests per second of ``callers`` threads making ``per_caller`` requests each."""
+        cond = threading.Condition()
+        pending: list[tuple[Any, queue.SimpleQueue[Any] | None]] = []
+        conn = self._conn
+        take = 16 if batched else 1
+
+        def instance() -> None:
+            while True:
+                with cond:
+                    while not pending:
+                        cond.wait()
+                    batch = pending[:take]
+                    del pending[:take]
+                if batch[0][1] is None:
+                    return
+                conn.send_bytes(pickle.dumps([x for x, _ in batch], 5))
+                for (_, out), y in zip(batch, pickle.loads(conn.recv_bytes())):
+                    if out is not None:
+                        out.put(y)
+
+        thread = threading.Thread(target=instance, daemon=True)
+        thread.start()
+        a = np.arange(16, dtype=np.float32)
+        b = np.ones(16, dtype=np.float32)
+
+        def call() -> None:
+            out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            with cond:
+                pending.append(((a, b), out))
+                cond.notify()
+            out.get()
+
+        try:
+            return _concurrent_rps(call, callers, per_caller)
+        finally:
+            with cond:
+                pending.append((None, None))
+                cond.notify()
+            thread.join(10)
+
+    def close(self) -> None:
+        self._conn.send_bytes(pickle.dumps(None))
+        self._proc.join(10)
+
+
+def _in_flight_rps(model: Any, inputs: dict[str, Any], depth: int, total: int) -> float:
+    """Requests per second of one thread that keeps ``depth`` requests in flight with
+    ``infer_async`` (perf_analyzer's meaning of concurrency), ``total`` in all."""
+    futures: deque[Any] = deque()
+    start = time.perf_counter()
+    for _ in range(depth):
+        futures.append(model.infer_async(inputs))
+    sent = depth
+    while futures:
+        futures.popleft().result()
+        if sent < total:
+            futures.append(model.infer_async(inputs))
+            sent += 1
+    return total / (time.perf_counter() - start)
+
+
 def _cpu_us(pid: int | None) -> tuple[float, float]:
     """CPU seconds (user + system) used so far by this process and by the stub ``pid``
     (Linux's /proc; nan elsewhere), in microseconds."""
@@ -247,8 +342,11 @@ def _bound(cpus: set[int]) -> Iterator[None]:
 
 
 def _batching(repo: ModelRepository, quick: bool, report: Callable[..., None],
-              lines: list[str], title: str) -> None:  # fmt: skip
-    """add_sub with and without ``dynamic_batching``, 16 concurrent callers, alternated."""
+              lines: list[str], title: str,
+              floor_cpus: set[int] | None = None) -> None:  # fmt: skip
+    """add_sub with and without ``dynamic_batching``, 16 concurrent callers, alternated with
+    the same two ways through the bare pattern (:class:`_Floor`, its child process on
+    ``floor_cpus``)."""
     a = np.arange(16, dtype=np.float32)[None, :]
     b = np.ones((1, 16), dtype=np.float32)
     rounds = 2 if quick else 4
@@ -259,8 +357,15 @@ def _batching(repo: ModelRepository, quick: bool, report: Callable[..., None],
     np.testing.assert_array_equal(out["OUTPUT0"], a + b)
     meter = Meter()
     pairs = []
+    floors = []
+    flights = []
+    floor = _Floor(floor_cpus)
     cpu: list[tuple[float, float, float, float]] = []  # host, stub: plain, batched
     for _ in range(rounds):
+        floors.append((floor.rps(False, 16, per_caller), floor.rps(True, 16, per_caller)))
+        x = {"INPUT0": a, "INPUT1": b}
+        flights.append((_in_flight_rps(plain, x, 16, 16 * per_caller),
+                        _in_flight_rps(batched, x, 16, 16 * per_caller)))
         before = _cpu_us(plain.pid)
         p = _concurrent_rps(lambda: plain.infer({"INPUT0": a, "INPUT1": b}), 16, per_caller)
         middle = _cpu_us(plain.pid)
@@ -272,6 +377,7 @@ def _batching(repo: ModelRepository, quick: bool, report: Callable[..., None],
         n = 16 * per_caller
         cpu.append(((middle[0] - before[0]) / n, (middle[1] - before[1]) / n,
                     (after[0] - between[0]) / n, (after[1] - between[1]) / n))  # fmt: skip
+    floor.close()
     stats = batched.statistics()
     mean_batch = stats["inference_count"] / max(1, stats["execution_count"])
     lines.append(title)
@@ -283,6 +389,17 @@ def _batching(repo: ModelRepository, quick: bool, report: Callable[..., None],
     per = [statistics.median(c[i] for c in cpu) for i in range(4)]
     report("  CPU per request, runtime + stub: without / with batching",
            f"{per[0]:.0f}+{per[1]:.0f} / {per[2]:.0f}+{per[3]:.0f} us")
+    # Ratios of the medians below (no targets): a single slow round of the bare pattern
+    # one at a time would make a median of per-round ratios read high.
+    for label, runs in (("the bare pattern (no pb-tensor, the same threads)", floors),
+                        ("16 requests in flight from one thread (infer_async)", flights)):
+        lines.append(f"  {label}")
+        one = statistics.median(p for p, _ in runs)
+        many = statistics.median(q for _, q in runs)
+        report("    one at a time / batched",
+               f"{one:6.0f} / {many:6.0f} req/s", many / one)
+    report("  dynamic_batching / the bare pattern batched",
+           "", statistics.median(q / f for (_, q), (_, f) in zip(pairs, floors)))
     lines.append(_machine_row(meter))
 
 
@@ -306,7 +423,8 @@ def _scheduling(quick: bool, report: Callable[..., None], lines: list[str]) -> N
                 root, host_policies={"cpu": {"cpu-cores": cores}}
             ) as repo:
                 _batching(repo, quick, report, lines,
-                          f"the same, callers on CPU {min(callers)}, stubs on cpu-cores={cores}")
+                          f"the same, callers on CPU {min(callers)}, stubs on cpu-cores={cores}",
+                          set(range(os.cpu_count() or 1)) - callers)
         rounds = 2 if quick else 4
         with ModelRepository(root) as repo:
             one = repo.load("sleep_one", isolated=True)
