@@ -478,6 +478,47 @@ def test_a_lone_callers_request_runs_in_its_own_thread(
     assert stats["inference_stats"]["queue"]["count"] == 5
 
 
+def test_requests_queued_behind_a_lone_caller_go_to_the_instances_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests queued while a caller runs its own request in its thread run after it, in
+    order, in the instance's thread (the caller hands the instance over and returns)."""
+    from pb_tensor.runtime._engines import StubEngine
+
+    threads: list[str] = []
+    run = StubEngine.run
+
+    def recording(self: StubEngine, *args: object, **kwargs: object) -> object:
+        threads.append(threading.current_thread().name)
+        return run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(StubEngine, "run", recording)
+    repo, model = _load(tmp_path, "", isolated=True)
+    with repo:
+        first = model.infer(_req(0))  # starts the queue's thread
+        scheduler = model._scheduler
+        assert scheduler is not None and scheduler.solo is not None
+        deadline = time.monotonic() + 30
+        while not scheduler.solo._waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+        results: list[Outputs] = []
+        caller = threading.Thread(
+            target=lambda: results.append(model.infer(_req(1), parameters={"sleep": 0.5})),
+            name="lone-caller",
+        )
+        caller.start()
+        deadline = time.monotonic() + 30
+        while len(threads) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        futures = [model.infer_async(_req(i)) for i in range(2, 5)]
+        completed = [_completed_by(f) for f in futures]
+        caller.join(30)
+        seen = _check_own([first, *results, *(f.result(30) for f in futures)], [(1, 2)] * 5)
+    assert threads == ["pb-tensor-batch-b_0", "lone-caller", *["pb-tensor-batch-b_0"] * 3]
+    assert seen == [(1, s) for s in range(1, 6)]
+    assert completed == [["pb-tensor-batch-b_0"]] * 3
+
+
 def test_stub_model_without_batcher_infer_many_is_one_execute(tmp_path: Path) -> None:
     """``infer_many`` without ``dynamic_batching`` still hands its requests to the model in
     one execute call, with a stub process as in-process."""
