@@ -497,7 +497,8 @@ def test_requests_queued_behind_a_lone_caller_go_to_the_instances_thread(
     with repo:
         first = model.infer(_req(0))  # starts the queue's thread
         scheduler = model._scheduler
-        assert scheduler is not None and scheduler.solo is not None
+        assert scheduler is not None
+        assert scheduler.solo is not None
         deadline = time.monotonic() + 30
         while not scheduler.solo._waiting and time.monotonic() < deadline:
             time.sleep(0.001)
