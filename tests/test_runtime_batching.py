@@ -440,13 +440,9 @@ def test_infer_async_of_an_in_process_model_runs_in_a_background_thread(
     assert completed == ["pb-tensor-infer-b"]
 
 
-@pytest.mark.parametrize("batching", ["", "dynamic_batching { }"], ids=["default", "dynamic"])
-def test_a_lone_callers_request_runs_in_its_own_thread(
-    tmp_path: Path, batching: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A blocking caller whose request finds the queue empty and the instance idle sends it
-    to the stub and reads the reply in its own thread (no hand-over to the instance's
-    thread and back); its statistics are a queued request's."""
+def _engine_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that run each batch on a stub (send it, read its replies),
+    in order, from now on."""
     from pb_tensor.runtime._engines import StubEngine
 
     threads: list[str] = []
@@ -457,6 +453,17 @@ def test_a_lone_callers_request_runs_in_its_own_thread(
         return run(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(StubEngine, "run", recording)
+    return threads
+
+
+@pytest.mark.parametrize("batching", ["", "dynamic_batching { }"], ids=["default", "dynamic"])
+def test_a_lone_callers_request_runs_in_its_own_thread(
+    tmp_path: Path, batching: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blocking caller whose request finds the queue empty and the instance idle sends it
+    to the stub and reads the reply in its own thread (no hand-over to the instance's
+    thread and back); its statistics are a queued request's."""
+    threads = _engine_threads(monkeypatch)
     repo, model = _load(tmp_path, batching, isolated=True)
     with repo:
         # The first request starts the queue's thread, which hands it to the instance's;
@@ -483,16 +490,7 @@ def test_requests_queued_behind_a_lone_caller_go_to_the_instances_thread(
 ) -> None:
     """Requests queued while a caller runs its own request in its thread run after it, in
     order, in the instance's thread (the caller hands the instance over and returns)."""
-    from pb_tensor.runtime._engines import StubEngine
-
-    threads: list[str] = []
-    run = StubEngine.run
-
-    def recording(self: StubEngine, *args: object, **kwargs: object) -> object:
-        threads.append(threading.current_thread().name)
-        return run(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(StubEngine, "run", recording)
+    threads = _engine_threads(monkeypatch)
     repo, model = _load(tmp_path, "", isolated=True)
     with repo:
         first = model.infer(_req(0))  # starts the queue's thread
