@@ -215,6 +215,12 @@ class LoadedModel:
             params,
         )
 
+    def _unrefusable(self, data: RequestData) -> bool:
+        """Whether none of :meth:`_replies`'s checks could refuse ``data``: validated, an int
+        correlation id, and (with stub processes) every input on the host."""
+        return (data.validated and type(data.correlation_id) is int
+                and (not self._isolated or all_host(data.inputs)))  # fmt: skip
+
     def _replies(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None,
         priority: int = 0,
@@ -224,11 +230,7 @@ class LoadedModel:
         caller's cancellation of the batch (a batch cancelled while queued does not run)."""
         start_ns = time.monotonic_ns()
         scheduler = self._scheduler
-        if (
-            len(batch) == 1 and scheduler is not None and batch[0].validated
-            and type(batch[0].correlation_id) is int
-            and (not self._isolated or all_host(batch[0].inputs))
-        ):  # fmt: skip
+        if len(batch) == 1 and scheduler is not None and self._unrefusable(batch[0]):
             # One valid request, which none of the checks below could refuse: straight on.
             return scheduler.run(batch, [0], self._timeout if timeout is None else timeout,
                                  cancel, start_ns, priority)  # fmt: skip
@@ -364,13 +366,11 @@ class LoadedModel:
         future = InferFuture(cancellation)
         scheduler = self._scheduler
         if (
-            scheduler is not None and data.validated and type(data.correlation_id) is int
-            and (not self._isolated or all_host(data.inputs))
+            scheduler is not None and self._unrefusable(data)
             and scheduler.enqueue(data, self._timeout if timeout is None else timeout,
                                   cancellation, time.monotonic_ns(), priority,
                                   FutureSink(future, self._name))
         ):  # fmt: skip
-            # (The checks _replies makes before its own shortcut: none could refuse it.)
             return future
         start(future, lambda: self._first_outputs(data, timeout, cancellation, priority),
               f"pb-tensor-infer-{self._name}")  # fmt: skip

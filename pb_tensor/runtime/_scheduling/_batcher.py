@@ -246,15 +246,12 @@ class DynamicBatcher:
         try:
             self._execute(instance, batch, lease, [], held)
             del batch  # (the caller's data is not kept while the next batch runs)
-            following = self._ready()
-            if following:
-                with self._cond:
-                    if not self._closed:
+            with self._cond:
+                if not self._closed and any(self._queues):
+                    following = self._form(wait=False)
+                    if following:
                         self._worker(instance).put((instance, following))
                         handed = True
-                if not handed:  # unloaded meanwhile: those requests fail as queued ones do
-                    for entry in following:
-                        entry.end(_unloaded(self._name), self._stats)
         finally:
             _deliver(held)
             if not handed:

@@ -62,7 +62,8 @@ class Scheduler:
         # own thread takes them, sends each to its stub and hands the replies over, where
         # otherwise every caller's thread would wait for the instance and do that itself:
         # a queued request needs no thread of its own while it waits (infer_async, and so
-        # serve; blocking callers measured the same either way). In-process models keep
+        # serve; a blocking caller that finds the instance idle and nobody queued runs its
+        # request itself: DynamicBatcher.submit). In-process models keep
         # running on the caller's thread, decoupled ones their lazy path (a request with
         # more than one per call, infer_many's, runs as one execute as before).
         self.solo = None if (policy is not None or sequence is not None or eager
