@@ -518,6 +518,50 @@ def test_requests_queued_behind_a_lone_caller_go_to_the_instances_thread(
     assert completed == [["pb-tensor-batch-b_0"]] * 3
 
 
+def test_a_lone_caller_that_handed_its_instance_over_queues_its_next_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that ran its own request and handed the instance to the instance's thread
+    (a request was queued meanwhile) no longer owns it: its next request joins the queue
+    at once, instead of being taken for a request made while the caller still uses the
+    instance (held back until the instance is released or the self-wait grace period,
+    long here, ends; it would then run in the caller's thread)."""
+    from pb_tensor.runtime._scheduling import _instances
+
+    monkeypatch.setattr(_instances, "_SELF_WAIT_GRACE", 60.0)
+    threads = _engine_threads(monkeypatch)
+    repo, model = _load(tmp_path, "", isolated=True)
+    with repo:
+        first = model.infer(_req(0))  # starts the queue's thread
+        scheduler = model._scheduler
+        assert scheduler is not None
+        assert scheduler.solo is not None
+        deadline = time.monotonic() + 30
+        while not scheduler.solo._waiting and time.monotonic() < deadline:
+            time.sleep(0.001)
+        results: list[Outputs | InferenceError] = []
+
+        def caller() -> None:
+            results.append(model.infer(_req(1), parameters={"sleep": 0.3}))
+            try:  # at once, while the queued request runs in the instance's thread
+                results.append(model.infer(_req(3)))
+            except InferenceError as exc:
+                results.append(exc)
+
+        thread = threading.Thread(target=caller, name="lone-caller")
+        thread.start()
+        deadline = time.monotonic() + 30
+        while len(threads) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        queued = model.infer_async(_req(2), parameters={"sleep": 0.5})
+        thread.join(90)
+        assert not isinstance(results[-1], InferenceError), results[-1]
+        seen = _check_own([first, results[0], queued.result(30), results[1]], [(1, 2)] * 4)
+    assert seen == [(1, s) for s in range(1, 5)]  # the next request ran after the queued one
+    assert threads == ["pb-tensor-batch-b_0", "lone-caller", "pb-tensor-batch-b_0",
+                       "pb-tensor-batch-b_0"]  # fmt: skip
+
+
 def test_stub_model_without_batcher_infer_many_is_one_execute(tmp_path: Path) -> None:
     """``infer_many`` without ``dynamic_batching`` still hands its requests to the model in
     one execute call, with a stub process as in-process."""

@@ -250,6 +250,11 @@ class DynamicBatcher:
                 if not self._closed and any(self._queues):
                     following = self._form(wait=False)
                     if following:
+                        # No longer this thread's (owner 0 until the instance's thread
+                        # runs the batch): this thread's next request must not look like
+                        # one made while it still uses the instance (the self-wait
+                        # refusal, after its grace period).
+                        instance.owner = 0
                         self._worker(instance).put((instance, following))
                         handed = True
         finally:
