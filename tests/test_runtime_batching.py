@@ -456,6 +456,20 @@ def _engine_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return threads
 
 
+def _first_through_the_queue(model: LoadedModel) -> Outputs:
+    """The outputs of a first request, which starts the queue's thread (the dynamic
+    batcher's, else a stub model's default queue), once that thread waits for requests."""
+    first = model.infer(_req(0))
+    scheduler = model._scheduler
+    assert scheduler is not None
+    queue = scheduler.batcher or scheduler.solo
+    assert queue is not None
+    deadline = time.monotonic() + 30
+    while not queue._waiting and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return first
+
+
 @pytest.mark.parametrize("batching", ["", "dynamic_batching { }"], ids=["default", "dynamic"])
 def test_a_lone_callers_request_runs_in_its_own_thread(
     tmp_path: Path, batching: str, monkeypatch: pytest.MonkeyPatch
@@ -466,16 +480,9 @@ def test_a_lone_callers_request_runs_in_its_own_thread(
     threads = _engine_threads(monkeypatch)
     repo, model = _load(tmp_path, batching, isolated=True)
     with repo:
-        # The first request starts the queue's thread, which hands it to the instance's;
-        # the others come once that thread waits for requests.
-        results = [model.infer(_req(0))]
-        scheduler = model._scheduler
-        assert scheduler is not None
-        queue = scheduler.batcher or scheduler.solo
-        assert queue is not None
-        deadline = time.monotonic() + 30
-        while not queue._waiting and time.monotonic() < deadline:
-            time.sleep(0.001)
+        # The first request goes through the queue's thread, which hands it to the
+        # instance's; the others come once that thread waits for requests.
+        results = [_first_through_the_queue(model)]
         results += [model.infer(_req(i)) for i in range(1, 5)]
         seen = _check_own(results, [(1, 2)] * 5)
         stats = model.statistics()
@@ -493,13 +500,7 @@ def test_requests_queued_behind_a_lone_caller_go_to_the_instances_thread(
     threads = _engine_threads(monkeypatch)
     repo, model = _load(tmp_path, "", isolated=True)
     with repo:
-        first = model.infer(_req(0))  # starts the queue's thread
-        scheduler = model._scheduler
-        assert scheduler is not None
-        assert scheduler.solo is not None
-        deadline = time.monotonic() + 30
-        while not scheduler.solo._waiting and time.monotonic() < deadline:
-            time.sleep(0.001)
+        first = _first_through_the_queue(model)
         results: list[Outputs] = []
         caller = threading.Thread(
             target=lambda: results.append(model.infer(_req(1), parameters={"sleep": 0.5})),
@@ -532,13 +533,7 @@ def test_a_lone_caller_that_handed_its_instance_over_queues_its_next_request(
     threads = _engine_threads(monkeypatch)
     repo, model = _load(tmp_path, "", isolated=True)
     with repo:
-        first = model.infer(_req(0))  # starts the queue's thread
-        scheduler = model._scheduler
-        assert scheduler is not None
-        assert scheduler.solo is not None
-        deadline = time.monotonic() + 30
-        while not scheduler.solo._waiting and time.monotonic() < deadline:
-            time.sleep(0.001)
+        first = _first_through_the_queue(model)
         results: list[Outputs | InferenceError] = []
 
         def caller() -> None:
