@@ -233,7 +233,7 @@ class DynamicBatcher:
             return False, None
         if own is not None and all(e.out is own for e in batch):
             return True, (instance, batch)
-        self._worker(instance).put((instance, batch))
+        self._hand(instance, batch)
         return True, None
 
     def _run_here(self, instance: Instance, batch: list[Pending]) -> None:
@@ -250,12 +250,7 @@ class DynamicBatcher:
                 if not self._closed and any(self._queues):
                     following = self._form(wait=False)
                     if following:
-                        # No longer this thread's (owner 0 until the instance's thread
-                        # runs the batch): this thread's next request must not look like
-                        # one made while it still uses the instance (the self-wait
-                        # refusal, after its grace period).
-                        instance.owner = 0
-                        self._worker(instance).put((instance, following))
+                        self._hand(instance, following)
                         handed = True
         finally:
             _deliver(held)
@@ -296,7 +291,7 @@ class DynamicBatcher:
             with self._cond:
                 batch = self._form()
                 if batch:
-                    self._worker(instance).put((instance, batch))
+                    self._hand(instance, batch)
                     # Not kept while this thread waits: the batch holds its requests' data.
                     del batch
                     continue
@@ -309,6 +304,14 @@ class DynamicBatcher:
             self._cond.wait(timeout)
         finally:
             self._waiting -= 1
+
+    def _hand(self, instance: Instance, batch: list[Pending]) -> None:
+        """Give ``batch`` to ``instance``'s thread (called with the condition held). The
+        instance is nobody's until that thread runs it (owner 0): a caller that ran its own
+        batch on it and hands it over must not look like its user, or its next request
+        would wait in the self-wait check until a release or the grace period's end."""
+        instance.owner = 0
+        self._worker(instance).put((instance, batch))
 
     def _worker(self, instance: Instance) -> queue.SimpleQueue[_Work | None]:
         """The queue of ``instance``'s thread (called with the condition held)."""
