@@ -9,6 +9,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -524,12 +525,34 @@ def test_a_lone_caller_that_handed_its_instance_over_queues_its_next_request(
 ) -> None:
     """A caller that ran its own request and handed the instance to the instance's thread
     (a request was queued meanwhile) no longer owns it: its next request joins the queue
-    at once, instead of being taken for a request made while the caller still uses the
-    instance (held back until the instance is released or the self-wait grace period,
-    long here, ends; it would then run in the caller's thread)."""
+    at once, while the queued request runs, instead of being taken for a request made
+    while the caller still uses the instance (held back until the instance is released or
+    the self-wait grace period, long here, ends)."""
     from pb_tensor.runtime._scheduling import _instances
+    from pb_tensor.runtime._scheduling._batcher import DynamicBatcher
 
     monkeypatch.setattr(_instances, "_SELF_WAIT_GRACE", 60.0)
+    # In order: each request queued and each batch ended, with the thread that did it. The
+    # instance's thread starts each batch 0.1 s late (before it records itself as the
+    # instance's user), so that the caller's next request surely comes while the instance
+    # is between threads: the case under test, not a race the test may lose.
+    events: list[tuple[str, str]] = []
+    enqueue, execute = DynamicBatcher._enqueue, DynamicBatcher._execute
+
+    def queued(self: DynamicBatcher, *args: Any) -> Any:
+        events.append(("queued", threading.current_thread().name))
+        return enqueue(self, *args)
+
+    def late(self: DynamicBatcher, *args: Any) -> bool:
+        if threading.current_thread().name.startswith("pb-tensor-batch-"):
+            time.sleep(0.1)
+        try:
+            return execute(self, *args)
+        finally:
+            events.append(("ended", threading.current_thread().name))
+
+    monkeypatch.setattr(DynamicBatcher, "_enqueue", queued)
+    monkeypatch.setattr(DynamicBatcher, "_execute", late)
     threads = _engine_threads(monkeypatch)
     repo, model = _load(tmp_path, "", isolated=True)
     with repo:
@@ -555,6 +578,14 @@ def test_a_lone_caller_that_handed_its_instance_over_queues_its_next_request(
     assert seen == [(1, s) for s in range(1, 5)]  # the next request ran after the queued one
     assert threads == ["pb-tensor-batch-b_0", "lone-caller", "pb-tensor-batch-b_0",
                        "pb-tensor-batch-b_0"]  # fmt: skip
+    main, instance = threading.current_thread().name, "pb-tensor-batch-b_0"
+    assert events == [
+        ("queued", main), ("ended", instance),  # the first request
+        ("queued", "lone-caller"), ("queued", main),  # its own request; the queued one
+        ("ended", "lone-caller"),  # its own request ran in its thread
+        ("queued", "lone-caller"),  # its next request: queued at once
+        ("ended", instance), ("ended", instance),  # the queued request, then its next one
+    ]
 
 
 def test_stub_model_without_batcher_infer_many_is_one_execute(tmp_path: Path) -> None:
