@@ -6,7 +6,8 @@ bound``, the server's threads on one CPU and its stub on the others through
 MLServer (each serving the same numpy add_sub, ``benchmarks/peers/``); and a 64 MiB FP32
 tensor over HTTP binary data against the same bytes sent over a raw loopback socket.
 ``grpc floor`` (``peers/grpc_floor.py``) is grpcio's asyncio server answering every call with
-prebuilt bytes: what any grpcio-based server costs at least.
+prebuilt bytes: what any server built on it costs at least; ``grpc floor pool`` the same
+answers from grpcio's thread-pool server (4 threads), the floor of a server built on that.
 
 One load generator for every server (``serve_load.py``): every request is built once as the
 bytes that go on the wire (HTTP/1.1; gRPC as HTTP/2 frames with the serialised KServe v2 /
@@ -205,14 +206,15 @@ class MLServer(Server):
 
 
 class GrpcFloor(Server):
-    """``peers/grpc_floor.py``: grpcio's asyncio server answering with prebuilt bytes (gRPC
-    only)."""
+    """``peers/grpc_floor.py``: grpcio's asyncio server (``pool``: its thread-pool server
+    with that many threads) answering with prebuilt bytes (gRPC only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: int = 0) -> None:
         port = _free_port()
         self.grpc = f"127.0.0.1:{port}"
+        extra = [f"--pool={pool}"] if pool else []
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(PEERS, "grpc_floor.py"), str(port)],
+            [sys.executable, os.path.join(PEERS, "grpc_floor.py"), str(port), *extra],
             cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, text=True,
         )  # fmt: skip
@@ -370,7 +372,10 @@ def _identity_check(n: int) -> Callable[[bytes | bytearray], None]:
 
 # One measured case: rate, latencies, client and server CPU per call, the machine's steal.
 _Run = tuple[float, list[float], float, float, Share]
-_SERVERS = ("in-process", "inline", "stub", "stub bound", "KServe", "MLServer", "grpc floor")
+_SERVERS = ("in-process", "inline", "stub", "stub bound", "KServe", "MLServer", "grpc floor",
+            "grpc floor pool")
+# Threads of the thread-pool floor: at 16 clients more threads ran slower (GIL hand-overs).
+_POOL_THREADS = 4
 
 
 def _split_cpus() -> tuple[set[int], str] | None:
@@ -421,10 +426,11 @@ def _targets(results: dict[tuple[str, str, int], list[_Run]],
                 ratio = rate(mode, proto, conc) / rate("KServe", proto, conc)
                 print(f"target {mode} >= {want:.0f}x KServe, {proto}, {conc:>2} clients: "
                       f"{ratio:.2f}x {_verdict(ratio >= want)}")
-    if "grpc floor" in servers:
-        for conc in (1, 16):
-            print(f"grpcio's floor (prebuilt answers) / KServe, gRPC, {conc:>2} clients: "
-                  f"{rate('grpc floor', 'gRPC', conc) / rate('KServe', 'gRPC', conc):.2f}x")
+    for floor, label in (("grpc floor", "asyncio server"), ("grpc floor pool", "thread pool")):
+        if floor in servers:
+            for conc in (1, 16):
+                print(f"grpcio's floor ({label}, prebuilt answers) / KServe, gRPC, {conc:>2} "
+                      f"clients: {rate(floor, 'gRPC', conc) / rate('KServe', 'gRPC', conc):.2f}x")
 
 
 def _big_transfer(rounds: int) -> None:
@@ -530,6 +536,8 @@ def _table(args: argparse.Namespace, wanted: set[str], protocols: set[str], requ
         servers.update(_start_peers(args, wanted))
         if "grpc floor" in wanted and "gRPC" in protocols:
             servers["grpc floor"] = GrpcFloor()
+        if "grpc floor pool" in wanted and "gRPC" in protocols:
+            servers["grpc floor pool"] = GrpcFloor(_POOL_THREADS)
         binary_body, binary_headers = add_sub_http_body(16)
         json_body, json_headers = _add_sub_json_body(16)
         message, checks = grpc_request(16), {"HTTP": http_check(16), "gRPC": grpc_check(16)}
@@ -556,7 +564,7 @@ def _table(args: argparse.Namespace, wanted: set[str], protocols: set[str], requ
               f"{rounds} interleaved rounds; server / client us: CPU per call of the server (with "
               "its child processes) and of the load generator; steal: the share of CPU time "
               "the machine's CPUs waited for the hypervisor during that run")
-        print(f"{'server':<12}{'protocol':<14}{'clients':>8}{'req/s':>10}{'p50 ms':>10}"
+        print(f"{'server':<16}{'protocol':<14}{'clients':>8}{'req/s':>10}{'p50 ms':>10}"
               f"{'p99 ms':>10}{'server us':>11}{'client us':>11}{'steal':>7}")
         shares = []
         for (mode, proto, concurrency), runs in results.items():
@@ -566,7 +574,7 @@ def _table(args: argparse.Namespace, wanted: set[str], protocols: set[str], requ
             q = statistics.quantiles(lat, n=100)
             shown = proto if proto == "gRPC" else (
                 "HTTP binary" if servers[mode].binary else "HTTP JSON")
-            print(f"{mode:<12}{shown:<14}{concurrency:>8}{rate:>10.0f}{q[49] * 1e3:>10.2f}"
+            print(f"{mode:<16}{shown:<14}{concurrency:>8}{rate:>10.0f}{q[49] * 1e3:>10.2f}"
                   f"{q[98] * 1e3:>10.2f}{used * 1e6:>11.0f}{client * 1e6:>11.0f}{steal:>7}")
         _targets(results, servers)
         note = contended_note(shares)

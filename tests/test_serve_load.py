@@ -79,3 +79,22 @@ def test_wrong_answers_and_errors_raise(server: Any, protocol: str) -> None:
     text = "HTTP answer 'HTTP/1.1 400" if protocol == "HTTP" else "without one answer"
     with pytest.raises(RuntimeError, match=text):
         serve_load.drive(make, 1, 10, check)
+
+
+@pytest.mark.parametrize("pool", [0, 4], ids=["asyncio server", "thread pool"])
+def test_the_grpc_floors_give_the_checked_answer(pool: int) -> None:
+    # The benchmark's reference rows (peers/grpc_floor.py): each must answer the load
+    # generator's request with the add_sub answer, or its rate would be no floor at all.
+    import bench_serve
+    import serve_load
+
+    floor = bench_serve.GrpcFloor(pool)
+    try:
+        make = serve_load.grpc_client(floor.grpc, bench_serve.INFER, bench_serve.grpc_request(16))
+        rate, latencies, _ = serve_load.drive(make, 2, 100, bench_serve.grpc_check(16))
+        assert len(latencies) == 100
+        assert rate > 0
+        with pytest.raises(RuntimeError, match="wrong answer"):
+            serve_load.drive(make, 1, 5, bench_serve.grpc_check(8))
+    finally:
+        floor.stop()

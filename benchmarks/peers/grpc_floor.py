@@ -1,16 +1,19 @@
 """The floor of a grpcio-based server: grpcio's asyncio server (on uvloop where installed, as
 ``pb-tensor serve`` runs it) answering every ``ModelInfer`` call with the same prebuilt
 bytes, the add_sub answer to ``bench_serve.py``'s request: no parsing, no model. What any
-server built on grpcio's asyncio server spends per call at least.
+server built on grpcio's asyncio server spends per call at least. With ``--pool N``,
+grpcio's other server instead: handlers run in a pool of N threads (no event loop), the
+floor of a server built on that one.
 
-Usage: ``python grpc_floor.py GRPC_PORT`` (from the project root, with the serve extra).
-Run by ``benchmarks/bench_serve.py``.
+Usage: ``python grpc_floor.py GRPC_PORT [--pool N]`` (from the project root, with the serve
+extra). Run by ``benchmarks/bench_serve.py``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import sys
+from concurrent import futures
 from typing import Any
 
 import grpc
@@ -43,10 +46,32 @@ async def _serve(port: int) -> None:
     await server.wait_for_termination()
 
 
-if __name__ == "__main__":
-    try:
-        import uvloop
+def _serve_pool(port: int, threads: int) -> None:
+    answer = _answer()
 
-        uvloop.run(_serve(int(sys.argv[1])))
-    except ImportError:
-        asyncio.run(_serve(int(sys.argv[1])))
+    def infer(request: bytes, context: Any) -> bytes:
+        return answer
+
+    handler = grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
+        "ModelInfer": grpc.unary_unary_rpc_method_handler(infer)})  # fmt: skip
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads))
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("port", type=int)
+    parser.add_argument("--pool", type=int, help="grpcio's thread-pool server, N threads")
+    args = parser.parse_args()
+    if args.pool:
+        _serve_pool(args.port, args.pool)
+    else:
+        try:
+            import uvloop
+
+            uvloop.run(_serve(args.port))
+        except ImportError:
+            asyncio.run(_serve(args.port))
