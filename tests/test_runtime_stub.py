@@ -3,6 +3,7 @@ memory, record release, model control from a model."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import textwrap
@@ -162,23 +163,64 @@ def test_cancel_reaches_a_long_running_execute(tmp_path: Path) -> None:
 
 
 def test_model_control_from_a_model(tmp_path: Path, repo_dir: Path) -> None:
+    # pb_utils.is_model_ready raises for a model that is not loaded, as Triton's does (core's
+    # GetModel error; upstream's qa bls_model_loading catches it), and every failed call
+    # carries upstream's stub prefix naming the calling instance.
     root = tmp_path / "repo"
     shutil.copytree(repo_dir / "identity", root / "identity")
     (root / "control" / "1").mkdir(parents=True)
     (root / "control" / "config.pbtxt").write_text(IDENTITY_CONFIG)
     (root / "control" / "1" / "model.py").write_text(HEADER + textwrap.dedent("""
+        import json
+
         class TritonPythonModel:
             def execute(self, requests):
-                states = [pb_utils.is_model_ready("identity")]
-                pb_utils.load_model("identity")
-                states.append(pb_utils.is_model_ready("identity"))
-                pb_utils.unload_model("identity")
-                states.append(pb_utils.is_model_ready("identity"))
-                return [ok(r, np.array(states, dtype=np.int32)) for r in requests]
+                seen = []
+                def ready(name, version=""):
+                    try:
+                        seen.append(pb_utils.is_model_ready(name, version))
+                    except pb_utils.TritonModelException as exc:
+                        seen.append(str(exc))
+                def control(call, *args):
+                    try:
+                        call(*args)
+                        seen.append("ok")
+                    except pb_utils.TritonModelException as exc:
+                        seen.append(str(exc))
+                ready("identity")
+                control(pb_utils.load_model, "identity")
+                ready("identity")
+                ready("identity", "1")
+                ready("identity", "2")
+                ready("identity", "one")
+                ready("identity", "-1")
+                control(pb_utils.unload_model, "identity")
+                ready("identity")
+                control(pb_utils.load_model, "no_such_model")
+                out = np.frombuffer(json.dumps(seen).encode(), dtype=np.uint8).astype(np.int32)
+                return [ok(r, out) for r in requests]
     """))
+    prefix = "Failed to process the request for model 'control_0', message: "
+    ready = "Failed to check model readiness: " + prefix
+    expected = [
+        ready + "Request for unknown model: 'identity' is not found",
+        "ok",
+        True,
+        True,
+        ready + "Request for unknown model: 'identity' version 2 is not found",
+        ready + "failed to get model version from specified version string 'one' (details: "
+        "stol), version should be an integral value > 0",
+        ready + "failed to get model version from specified version string '-1', version "
+        "should be an integral value > 0",
+        "ok",
+        ready + "Request for unknown model: 'identity' has no available versions",
+        "Failed to load model: " + prefix + "failed to load 'no_such_model', failed to poll "
+        "from model repository",
+    ]  # fmt: skip
     for isolated in (False, True):
         with ModelRepository(root) as r, r.load("control", isolated=isolated, timeout=60) as model:
-            assert model.infer(IN)["OUT"].tolist() == [0, 1, 0]
+            got = model.infer(IN)["OUT"].astype(np.uint8).tobytes().decode()
+            assert json.loads(got) == expected, isolated
 
 
 def test_stub_exits_when_parent_dies(run_python: object) -> None:

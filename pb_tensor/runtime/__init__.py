@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pb_tensor.runtime._ensemble import EnsembleModel
     from pb_tensor.runtime._errors import InferenceError, ModelLoadError
     from pb_tensor.runtime._model import LoadedModel
-    from pb_tensor.runtime._repository import ModelRepository, example_repository
+    from pb_tensor.runtime._repository import ModelRepository, ServerModels, example_repository
     from pb_tensor.runtime._values import Outputs
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "ModelRepository",
     "Outputs",
     "ResponseStream",
+    "ServerModels",
     "example_repository",
 ]
 
@@ -51,6 +52,7 @@ _WHERE = {
     "ModelLoadError": "pb_tensor.runtime._errors",
     "LoadedModel": "pb_tensor.runtime._model",
     "ModelRepository": "pb_tensor.runtime._repository",
+    "ServerModels": "pb_tensor.runtime._repository",
     "example_repository": "pb_tensor.runtime._repository",
     "InferFuture": "pb_tensor.runtime._calls",
     "ResponseStream": "pb_tensor.runtime._calls",

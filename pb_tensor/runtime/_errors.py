@@ -5,7 +5,7 @@ from __future__ import annotations
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._seam import TritonError, TritonErrorCode
 
-__all__ = ["InferenceError", "ModelLoadError"]
+__all__ = ["InferenceError", "ModelLoadError", "model_control_error"]
 
 
 class InferenceError(TritonModelException):
@@ -40,3 +40,21 @@ class ModelLoadError(TritonModelException):
     """A model could not be loaded: a missing or malformed ``config.pbtxt``, a missing
     ``model.py``, no ``TritonPythonModel`` class, or ``auto_complete_config`` /
     ``initialize`` raised. The message names the model, the file and Triton's message."""
+
+
+# What upstream's stub puts before a failed model-control call's message (pb_utils.load_model
+# and co.: ModelLoader's Send*Request and Stub::SendMessage).
+_CONTROL_PREFIX = {
+    "load_model": "Failed to load model: ",
+    "unload_model": "Failed to unload model: ",
+    "is_model_ready": "Failed to check model readiness: ",
+}
+
+
+def model_control_error(kind: str, instance_name: str, message: str) -> str:
+    """The text of the ``TritonModelException`` a model's failed ``pb_utils.load_model`` /
+    ``unload_model`` / ``is_model_ready`` call raises in Triton (``kind``: the call;
+    ``instance_name``: the calling model instance; ``message``: the server's error)."""
+    prefix = _CONTROL_PREFIX.get(kind, "")
+    return (f"{prefix}Failed to process the request for model '{instance_name}', "
+            f"message: {message}")  # fmt: skip

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._calls import BlsResponses
+from pb_tensor.runtime._errors import model_control_error
 from pb_tensor.runtime._host import HostInfo
 from pb_tensor.runtime._seam import InferenceRequest, InferenceResponse
 from pb_tensor.runtime._tracker import Cancellation
@@ -45,19 +47,20 @@ class LocalBackend:
     def model_dir(self) -> str:
         return self._info.model_dir
 
+    def _control(self, kind: str, payload: tuple[Any, ...]) -> Any:
+        try:
+            return self._model._repository.control(kind, payload, False)
+        except TritonModelException as exc:
+            # Upstream's stub gets the server's error and raises it with its own prefix.
+            raise TritonModelException(
+                model_control_error(kind, self._info.instance_name, str(exc))
+            ) from None
+
     def load_model(self, model_name: str, config: str, files: dict[str, bytes] | None) -> None:
-        self._model._repository.control(
-            "load_model", (model_name, config, files), False
-        )
+        self._control("load_model", (model_name, config, files))
 
     def unload_model(self, model_name: str, unload_dependents: bool) -> None:
-        self._model._repository.control(
-            "unload_model", (model_name, unload_dependents), False
-        )
+        self._control("unload_model", (model_name, unload_dependents))
 
     def is_model_ready(self, model_name: str, model_version: str) -> bool:
-        return bool(
-            self._model._repository.control(
-                "is_model_ready", (model_name, model_version), False
-            )
-        )
+        return bool(self._control("is_model_ready", (model_name, model_version)))

@@ -21,7 +21,7 @@ from pb_tensor.runtime._calls import (
     stream_outputs,
 )
 from pb_tensor.runtime._engines import StubEngine
-from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._errors import InferenceError, model_control_error
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._inprocess import InProcessEngine
 from pb_tensor.runtime._placement import all_host, gpu_refusal
@@ -519,8 +519,10 @@ class LoadedModel:
         call_id, payload = body
         try:
             result = self._repository.control(kind, payload, self._isolated)
-        except Exception as exc:
-            engine.send("control_reply", (call_id, False, str(exc)))
+        except Exception as exc:  # the model's call fails with it, as upstream's stub says it
+            instance = engine.info.instance_name if engine.info is not None else self._name
+            engine.send("control_reply", (call_id, False,
+                                          model_control_error(kind, instance, str(exc))))
             return
         engine.send("control_reply", (call_id, True, result))
 

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pb_tensor import Tensor
 from pb_tensor.runtime import _schema
@@ -40,7 +40,7 @@ from pb_tensor.shm import SharedMemoryPool
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["ModelRepository", "example_repository"]
+__all__ = ["ModelRepository", "ServerModels", "example_repository", "model_version_of"]
 
 _POOL_SIZE = 8 << 20
 _POOL_GROWTH = 64 << 20
@@ -63,12 +63,75 @@ def example_repository() -> str:
     return path
 
 
+_INT64_MAX = 2**63 - 1
+
+
+def model_version_of(text: str) -> int:
+    """The version a model-control call's version string names (-1 for ""), read as
+    upstream's ``GetModelVersionFromString`` reads it (``std::stol``: leading blanks and a
+    sign, then digits; what follows them is ignored).
+
+    Raises:
+        InferenceError: upstream's text for a string that is no integer or is negative.
+    """
+    if not text:
+        return -1
+    body = text.lstrip(" \t\n\v\f\r")
+    sign = 1
+    if body[:1] in ("+", "-"):
+        sign = -1 if body[0] == "-" else 1
+        body = body[1:]
+    digits = len(body) - len(body.lstrip("0123456789"))
+    value = sign * int(body[:digits]) if digits else None
+    if value is None or not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise InferenceError(
+            f"failed to get model version from specified version string '{text}' (details: "
+            "stol), version should be an integral value > 0", TritonError.INVALID_ARG,
+        )  # fmt: skip
+    if value < 0:
+        raise InferenceError(
+            f"failed to get model version from specified version string '{text}', version "
+            "should be an integral value > 0", TritonError.INVALID_ARG,
+        )  # fmt: skip
+    return value
+
+
+class ServerModels(Protocol):
+    """The models of the server a repository serves in (``pb-tensor serve``): they decide
+    what the repository's models reach through BLS and ``pb_utils``' model control, as
+    Triton's server decides for its models. A repository without one loads the models its
+    models name on first use. Each method raises a ``TritonModelException`` whose message
+    is the server's (Triton's) error text."""
+
+    def bls_target(self, name: str, version: int, isolated: bool) -> LoadedModel:
+        """The loaded model a BLS request to ``name`` runs on (``version``; -1: the
+        latest)."""
+        ...
+
+    def load_model(self, name: str, config: str, files: Mapping[str, bytes]) -> None:
+        """``pb_utils.load_model``: ``config`` ("" for none) and ``files`` as the model
+        gave them."""
+        ...
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        """``pb_utils.unload_model``."""
+        ...
+
+    def ready_model(self, name: str, version: int) -> LoadedModel:
+        """The loaded model ``pb_utils.is_model_ready`` asks about (``version``; -1: the
+        latest)."""
+        ...
+
+
 class ModelRepository:
     """A Triton model repository on disk: ``<path>/<model>/config.pbtxt`` and
     ``<path>/<model>/<version>/model.py``.
 
     A context manager: closing it unloads every model it loaded (BLS targets included) and
     removes the shared-memory pool the stubs use.
+
+    ``server``: the models of a server the repository serves in (see :class:`ServerModels`);
+    None (the default) for a repository of its own.
 
     Three opt-ins relax what the models it serves may do, where pb-tensor is more permissive
     than Triton (all off by default, so that a model passing here passes in Triton):
@@ -102,7 +165,9 @@ class ModelRepository:
         share_inputs: bool = False,
         pb_tensor_extras: bool = False,
         host_policies: Mapping[str, Mapping[str, str]] | None = None,
+        server: ServerModels | None = None,
     ) -> None:
+        self._server = server
         try:
             self._host_policies = check_host_policies(host_policies)
         except HostPolicyError as exc:
@@ -117,6 +182,9 @@ class ModelRepository:
         self._lock = threading.RLock()
         self._models: list[LoadedModel] = []
         self._bls: dict[tuple[str, int, bool], LoadedModel] = {}
+        # Names of the models a load was started for (Triton keeps an entry for each, and
+        # says "has no available versions" rather than "is not found" once it had one).
+        self._tried: set[str] = set()
         self._closed = False
 
     @property
@@ -191,6 +259,8 @@ class ModelRepository:
             raise ModelLoadError(
                 f"failed to load model '{name}': no model directory {model_dir!r}"
             )
+        with self._lock:
+            self._tried.add(name)
         config_path = os.path.join(model_dir, "config.pbtxt")
         try:
             config = (
@@ -363,6 +433,8 @@ class ModelRepository:
             InferenceError: Triton's ``Request for unknown model`` error when the repository
                 has no such model (or it fails to load: the load error follows).
         """
+        if self._server is not None:
+            return self._server.bls_target(name, version, isolated)
         key = (name, version if version > 0 else -1, isolated)
         with self._lock:
             model = self._bls.get(key)
@@ -386,21 +458,49 @@ class ModelRepository:
                 ) from None
 
     def control(self, kind: str, payload: Any, isolated: bool) -> Any:
-        """``pb_utils.load_model`` / ``unload_model`` / ``is_model_ready`` from a model."""
+        """``pb_utils.load_model`` / ``unload_model`` / ``is_model_ready`` from a model
+        (``payload``: their arguments); through the repository's server when it has one.
+
+        Raises:
+            InferenceError: the server's error, Triton's ``Request for unknown model``
+                error for the readiness of a model that is not loaded (as Triton raises it),
+                an invalid version string, or a load with a configuration override or files
+                (only ``pb-tensor serve`` loads those).
+            ModelLoadError: the model failed to load.
+        """
+        server = self._server
         if kind == "load_model":
             name, config, files = payload
+            if server is not None:
+                server.load_model(name, config or "", files or {})
+                return None
             if config or files:
                 raise InferenceError(
                     "load_model with a configuration override or files is not supported by "
                     "pb_tensor.runtime", TritonError.UNSUPPORTED,
                 )
+            if name not in self.models():  # Triton's model repository manager's texts
+                raise InferenceError(
+                    f"failed to load '{name}', failed to poll from model repository",
+                    TritonError.INTERNAL,
+                )
             with self._lock:
                 for key in [k for k in self._bls if k[0] == name]:
                     self._bls.pop(key).unload()
-            self.bls_target(name, -1, isolated)
+                loaded = any(m.loaded and m.name == name and m.isolated == isolated
+                             for m in self._models)  # fmt: skip
+            if not loaded:
+                try:
+                    self.shared_model(name, -1, isolated)
+                except ModelLoadError as exc:
+                    raise InferenceError(f"load failed for model '{name}': {exc}\n",
+                                         TritonError.INTERNAL) from None  # fmt: skip
             return None
         if kind == "unload_model":
             name, unload_dependents = payload
+            if server is not None:
+                server.unload_model(name, bool(unload_dependents))
+                return None
             with self._lock:
                 for key in [k for k in self._bls if k[0] == name]:
                     model = self._bls.pop(key)
@@ -410,13 +510,29 @@ class ModelRepository:
                         model.unload()
             return None
         if kind == "is_model_ready":
-            name, version = payload
-            with self._lock:
-                return any(
-                    m.loaded and m.name == name and (not version or str(m.version) == version)
-                    for m in self._models
-                )
+            name, text = payload
+            version = model_version_of(text)
+            if server is not None:
+                return server.ready_model(name, version).loaded
+            return self._ready_model(name, version).loaded
         raise InferenceError(f"unknown runtime request {kind!r}", TritonError.INTERNAL)
+
+    def _ready_model(self, name: str, version: int) -> LoadedModel:
+        """A loaded model ``name`` (``version``; -1: the latest), else Triton's error for
+        it (core's ``ModelLifeCycle::GetModel`` texts)."""
+        with self._lock:
+            loaded = [m for m in self._models if m.loaded and m.name == name]
+            tried = name in self._tried
+        found = [m for m in loaded if version in (-1, m.version)]
+        if found:
+            return max(found, key=lambda m: m.version)
+        if not loaded and not tried:
+            message = f"'{name}' is not found"
+        elif version == -1:
+            message = f"'{name}' has no available versions"
+        else:
+            message = f"'{name}' version {version} is not found"
+        raise InferenceError(f"Request for unknown model: {message}", TritonError.NOT_FOUND)
 
     def forget(self, model: LoadedModel) -> None:
         """Drop an unloaded model from the bookkeeping."""

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pb_tensor.runtime import (
+    EnsembleModel,
     InferenceError,
     LoadedModel,
     ModelLoadError,
@@ -128,12 +129,16 @@ class Core:
                 "explicit)", UNAVAILABLE,
             )
         self.options = options
+        # What the models reach through BLS and pb_utils' model control: this server's
+        # models, as in Triton (a repository alone would load what they name).
+        self._server_models = _ServerModels(self)
         # Inputs are views of the request's own (writable) buffer, which nothing else reads:
         # in-process models may take them without a copy, as a stub takes its shared memory.
         self._repositories = [
-            ModelRepository(p, share_inputs=True, host_policies=options.host_policies)
+            ModelRepository(p, share_inputs=True, host_policies=options.host_policies,
+                            server=self._server_models)
             for p in options.model_repositories
-        ]
+        ]  # fmt: skip
         self._lock = threading.RLock()
         self._loaded: dict[str, LoadedModel] = {}
         self._states: dict[str, ModelState] = {}
@@ -217,9 +222,11 @@ class Core:
 
     # -- control ------------------------------------------------------------------------------
     def load(self, name: str, config: str | None, files: Mapping[str, bytes], *,
-             startup: bool = False) -> None:
+             startup: bool = False, background: bool = False) -> None:
         """Load (or reload) model ``name``; ``config`` (JSON) and ``files`` (paths relative to
         the model directory) override the repository's, as Triton's load request does.
+        ``background``: a loaded version is unloaded as :meth:`unload` does with it (a model
+        may reload the model that runs its own request).
 
         Raises:
             ServeError: load/unload not allowed in this mode, no such model, or it failed to
@@ -246,7 +253,7 @@ class Core:
                 repo = override[0]
             if repo is None:  # unreachable: files come with a config
                 raise ServeError(f"failed to load '{name}'", INTERNAL)
-            self._unload(name)
+            self._unload(name, background=background)
             config_path = os.path.join(repo.path, name, "config.pbtxt")
             if self.options.strict_model_config and not os.path.isfile(config_path):
                 with self._lock:
@@ -305,7 +312,8 @@ class Core:
             with open(os.path.join(model_dir, "config.pbtxt"), "w", encoding="utf-8") as f:
                 f.write(text)
             policies = self.options.host_policies
-            return ModelRepository(root, share_inputs=True, host_policies=policies), root
+            return ModelRepository(root, share_inputs=True, host_policies=policies,
+                                   server=self._server_models), root  # fmt: skip
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
@@ -316,8 +324,13 @@ class Core:
             override[0].close()
             shutil.rmtree(override[1], ignore_errors=True)
 
-    def unload(self, name: str) -> None:
-        """Unload model ``name`` (its ``finalize`` runs, its stub stops).
+    def unload(self, name: str, *, unload_dependents: bool = False,
+               background: bool = False) -> None:
+        """Unload model ``name`` (its ``finalize`` runs, its stub stops); with
+        ``unload_dependents``, an ensemble's composing models too. ``background``: the model
+        is unavailable when this returns and its unloading (which waits for its requests in
+        flight) goes on in a thread of its own, as Triton's asynchronous unload does (a model
+        may unload the model that runs its own request).
 
         Raises:
             ServeError: not allowed in this control mode.
@@ -327,18 +340,29 @@ class Core:
                 "explicit model load / unload is not allowed if polling is enabled",
                 UNAVAILABLE,
             )
-        self._unload(name)
+        self._unload(name, unload_dependents, background)
 
-    def _unload(self, name: str) -> None:
+    def _unload(self, name: str, unload_dependents: bool = False,
+                background: bool = False) -> None:  # fmt: skip
         with self._lock:
             model = self._loaded.pop(name, None)
             override = self._overrides.pop(name, None)
             if model is not None:
                 self._states[name] = ModelState(name, str(model.version), "UNAVAILABLE",
                                                 "unloaded")
-        if model is not None:
-            model.unload()
-        self._discard(override)
+
+        def finish() -> None:
+            if isinstance(model, EnsembleModel):
+                model.unload(unload_dependents=unload_dependents)
+            elif model is not None:
+                model.unload()
+            self._discard(override)
+
+        if background:
+            threading.Thread(target=finish, name=f"pb-tensor-serve-unload-{name}",
+                             daemon=True).start()  # fmt: skip
+        else:
+            finish()
 
     # -- requests -----------------------------------------------------------------------------
     async def infer(self, model: LoadedModel, inputs: Mapping[str, Any],
@@ -476,3 +500,40 @@ class Core:
             repo.close()
         self._handoff.close()
         self.regions.close()
+
+
+class _ServerModels:
+    """This server's models as the repositories' models reach them (the runtime's
+    ``ServerModels``): BLS requests and ``pb_utils.is_model_ready`` find the models the
+    server has loaded, from any of its repositories, with Triton's errors for the others;
+    ``pb_utils.load_model`` / ``unload_model`` load and unload them for every client, in the
+    explicit control mode only (Triton's error otherwise)."""
+
+    def __init__(self, core: Core) -> None:
+        self._core = core
+
+    def _model(self, name: str, version: int) -> LoadedModel:
+        try:
+            return self._core.model(name, "" if version < 0 else str(version))
+        except ServeError as exc:
+            raise InferenceError(exc.message) from None
+
+    def bls_target(self, name: str, version: int, isolated: bool) -> LoadedModel:
+        return self._model(name, version)
+
+    def ready_model(self, name: str, version: int) -> LoadedModel:
+        return self._model(name, version)
+
+    def load_model(self, name: str, config: str, files: Mapping[str, bytes]) -> None:
+        # The parameters Triton's load takes: a "file:<path>" one per override file.
+        paths = {k[len("file:"):]: v for k, v in files.items() if k.startswith("file:")}
+        try:
+            self._core.load(name, config or None, paths, background=True)
+        except ServeError as exc:
+            raise InferenceError(exc.message) from None
+
+    def unload_model(self, name: str, unload_dependents: bool) -> None:
+        try:
+            self._core.unload(name, unload_dependents=unload_dependents, background=True)
+        except ServeError as exc:
+            raise InferenceError(exc.message) from None
