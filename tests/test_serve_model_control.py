@@ -42,6 +42,9 @@ CALLS = {
     "load": pb_utils.load_model,
     "unload": pb_utils.unload_model,
     "bls": _bls,
+    # load_model with files given as text (JSON carries no bytes)
+    "load_files": lambda name, config, files: pb_utils.load_model(
+        name, config, {k: v.encode() for k, v in files.items()}),
 }
 
 
@@ -171,6 +174,22 @@ def test_a_model_sees_and_controls_the_servers_models(explicit: Any) -> None:
     # A model of another --model-repository, loaded by a client, reached through BLS.
     client.load_model("elsewhere")
     assert _calls(url, ["bls", "elsewhere"], ["ready", "elsewhere"]) == [[7], True]
+
+
+def test_a_model_loads_with_a_config_override_and_files(explicit: Any) -> None:
+    # pb_utils.load_model's override as upstream's README shows it: the config as JSON, the
+    # files under "file:<version>/<name>" keys; a new model made of them, reached by BLS.
+    config = json.dumps({
+        "backend": "python",
+        "input": [{"name": "IN", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [-1]}],
+    })  # fmt: skip
+    url = explicit.http_url
+    files = {"file:1/model.py": IDENTITY}
+    assert _calls(url, ["load_files", "made_here", config, files], ["bls", "made_here"],
+                  ["ready", "made_here", "1"]) == [None, [7], True]
+    assert _calls(url, ["load_files", "made_here", "", files]) == [
+        LOAD + "Load parameter 'config' must be specified for model file override"]
 
 
 def test_a_model_may_reload_and_unload_the_model_it_runs_in(explicit: Any) -> None:
