@@ -122,6 +122,13 @@ class ServerModels(Protocol):
         latest)."""
         ...
 
+    def step_model(self, name: str, version: int, isolated: bool) -> LoadedModel | None:
+        """The server's model an ensemble's step runs on (loaded now when it is not, as
+        Triton loads an ensemble's composing models); None: the repository loads one of its
+        own (a version the server does not serve). Raises ``ModelLoadError`` when the model
+        fails to load."""
+        ...
+
 
 class ModelRepository:
     """A Triton model repository on disk: ``<path>/<model>/config.pbtxt`` and
@@ -406,11 +413,16 @@ class ModelRepository:
         self, name: str, version: int, isolated: bool, timeout: float | None = None
     ) -> LoadedModel:
         """Model ``name`` (``version``, or the latest when it is not positive) as BLS requests
-        and ensembles share it: loaded on first use in ``isolated`` mode, then reused.
+        and ensembles share it: loaded on first use in ``isolated`` mode, then reused (the
+        server's model, where the repository has a server that serves it).
 
         Raises:
             ModelLoadError: as :meth:`load`.
         """
+        if self._server is not None:
+            served = self._server.step_model(name, version, isolated)
+            if served is not None:
+                return served
         key = (name, version if version > 0 else -1, isolated)
         with self._lock:
             model = self._bls.get(key)

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pb_tensor.runtime import (
@@ -143,6 +143,11 @@ class Core:
         self._loaded: dict[str, LoadedModel] = {}
         self._states: dict[str, ModelState] = {}
         self._overrides: dict[str, tuple[ModelRepository, str]] = {}
+        # ensemble -> the models its steps run on (Triton's dependency graph, one level), and
+        # the models loaded because they were asked for, not as a composing model (Triton's
+        # "explicitly loaded": unload_dependents leaves them)
+        self._depends: dict[str, set[str]] = {}
+        self._asked: set[str] = set()
         self._inflight = 0
         self._pending: dict[str, int] = {}
         self.regions = Regions()
@@ -175,6 +180,10 @@ class Core:
         else:
             wanted = list(dict.fromkeys(self.options.load_models))
         for name in wanted:
+            with self._lock:
+                if name in self._loaded:  # loaded already as an ensemble's composing model
+                    self._asked.add(name)  # (and asked for: every model named at start)
+                    continue
             try:
                 self.load(name, None, {}, startup=True)
             except ServeError as exc:
@@ -215,6 +224,30 @@ class Core:
             )
         return model
 
+    def composing_model(self, name: str, version: int) -> LoadedModel | None:
+        """The server's model ``name`` an ensemble step runs on, loaded now when it is not
+        (Triton loads an ensemble's composing models with it); None for a ``version`` other
+        than the one the server serves (the ensemble loads that one itself).
+
+        Raises:
+            ModelLoadError: the model failed to load (its load error).
+        """
+        with self._lock:
+            model = self._loaded.get(name)
+        if model is None:
+            try:
+                self.load(name, None, {}, startup=True, dependency=True)
+            except ServeError as exc:
+                with self._lock:
+                    state = self._states.get(name)
+                raise ModelLoadError(state.reason if state is not None and state.reason
+                                     else exc.message) from None  # fmt: skip
+            with self._lock:
+                model = self._loaded.get(name)
+        if model is None or version not in (-1, model.version):
+            return None
+        return model
+
     def loaded_models(self) -> list[LoadedModel]:
         """The models loaded now."""
         with self._lock:
@@ -222,11 +255,13 @@ class Core:
 
     # -- control ------------------------------------------------------------------------------
     def load(self, name: str, config: str | None, files: Mapping[str, bytes], *,
-             startup: bool = False, background: bool = False) -> None:
+             startup: bool = False, background: bool = False,
+             dependency: bool = False) -> None:  # fmt: skip
         """Load (or reload) model ``name``; ``config`` (JSON) and ``files`` (paths relative to
         the model directory) override the repository's, as Triton's load request does.
         ``background``: a loaded version is unloaded as :meth:`unload` does with it (a model
-        may reload the model that runs its own request).
+        may reload the model that runs its own request). ``dependency``: loaded as an
+        ensemble's composing model, not asked for (``unload_dependents`` may unload it).
 
         Raises:
             ServeError: load/unload not allowed in this mode, no such model, or it failed to
@@ -253,7 +288,7 @@ class Core:
                 repo = override[0]
             if repo is None:  # unreachable: files come with a config
                 raise ServeError(f"failed to load '{name}'", INTERNAL)
-            self._unload(name, background=background)
+            self._unload(name, background=background, reloading=True)
             config_path = os.path.join(repo.path, name, "config.pbtxt")
             if self.options.strict_model_config and not os.path.isfile(config_path):
                 with self._lock:
@@ -272,6 +307,12 @@ class Core:
                     self._states[name] = ModelState(
                         name, str(version[-1]) if version else "", "UNAVAILABLE", str(exc)
                     )
+                    ensembles = self._ensembles_on(name)
+                # The ensembles that ran on the version unloaded above (Triton's CheckNode).
+                error = str(exc)
+                self._drop_ensembles(ensembles, lambda e: (
+                    f"ensemble '{e}' depends on '{name}' which has no loaded version. Model "
+                    f"'{name}' loading failed with error: {error}"))
                 raise ServeError(f"load failed for model '{name}': {exc}\n") from None
         except BaseException:
             self._discard(override)
@@ -279,8 +320,26 @@ class Core:
         with self._lock:
             self._loaded[name] = model
             self._states[name] = ModelState(name, str(model.version), "READY", "")
+            if not dependency:
+                self._asked.add(name)
             if override is not None:
                 self._overrides[name] = override
+            if isinstance(model, EnsembleModel):
+                self._depends[name] = {m.name for m in model.composing_models}
+            dependents = [e for e, needs in self._depends.items()
+                          if name in needs and e != name and e in self._loaded
+                          and self._loaded[e] is not model]  # fmt: skip
+        # Triton reloads the ensembles whose composing model changed (they run on the new
+        # one); an ensemble loaded with an override keeps running on the model it had.
+        for ensemble in dependents:
+            if ensemble in self._overrides:
+                continue
+            with self._lock:
+                asked = ensemble in self._asked
+            try:
+                self.load(ensemble, None, {}, startup=True, dependency=not asked)
+            except ServeError as exc:
+                log.error("%s", exc.message.rstrip())
 
     def _override(self, name: str, repo: ModelRepository | None, config: str,
                   files: Mapping[str, bytes]) -> tuple[ModelRepository, str]:
@@ -342,20 +401,50 @@ class Core:
             )
         self._unload(name, unload_dependents, background)
 
+    def _drop_ensembles(self, ensembles: list[str], reason: Callable[[str], str],
+                        background: bool = False) -> None:  # fmt: skip
+        """Unload ``ensembles`` (a composing model of theirs went), each with Triton's reason
+        (``reason(ensemble)``) in the index."""
+        for ensemble in ensembles:
+            self._unload(ensemble, background=background)
+            with self._lock:
+                state = self._states.get(ensemble)
+                if state is not None:
+                    state.reason = reason(ensemble)
+
+    def _ensembles_on(self, name: str) -> list[str]:
+        """The loaded ensembles whose steps run on model ``name`` (called with the lock)."""
+        return [e for e, steps in self._depends.items() if name in steps and e in self._loaded]
+
     def _unload(self, name: str, unload_dependents: bool = False,
-                background: bool = False) -> None:  # fmt: skip
+                background: bool = False, reloading: bool = False) -> None:  # fmt: skip
+        """Unload ``name``. Unless it is being reloaded, the ensembles that run on it go too,
+        with Triton's reason; with ``unload_dependents``, an ensemble's composing models
+        that no other loaded ensemble runs on go with it."""
         with self._lock:
             model = self._loaded.pop(name, None)
             override = self._overrides.pop(name, None)
+            needs = self._depends.pop(name, set())
             if model is not None:
                 self._states[name] = ModelState(name, str(model.version), "UNAVAILABLE",
                                                 "unloaded")
+            ensembles = [] if reloading or model is None else self._ensembles_on(name)
+            if not reloading:
+                self._asked.discard(name)
+            # Triton's cascading removal: a composing model goes when it was not asked for
+            # and no other loaded ensemble runs on it.
+            composing = [] if not unload_dependents else [
+                m for m in needs if m in self._loaded and m not in self._asked
+                and not any(m in steps for e, steps in self._depends.items()
+                            if e in self._loaded)]  # fmt: skip
+        self._drop_ensembles(ensembles, lambda e: f"ensemble {e} contains models that are not "
+                             f"available or ambiguous: {name}", background)  # fmt: skip
+        for dependent in composing:
+            self._unload(dependent, unload_dependents=True, background=background)
 
         def finish() -> None:
-            if isinstance(model, EnsembleModel):
-                model.unload(unload_dependents=unload_dependents)
-            elif model is not None:
-                model.unload()
+            if model is not None:
+                model.unload()  # (an ensemble's composing models are the server's: above)
             self._discard(override)
 
         if background:
@@ -537,3 +626,6 @@ class _ServerModels:
             self._core.unload(name, unload_dependents=unload_dependents, background=True)
         except ServeError as exc:
             raise InferenceError(exc.message) from None
+
+    def step_model(self, name: str, version: int, isolated: bool) -> LoadedModel | None:
+        return self._core.composing_model(name, version)

@@ -4,6 +4,7 @@ the unary methods matching the HTTP ones, and ``ModelStreamInfer`` for decoupled
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -351,8 +352,16 @@ class _Service:
             if request.repository_name:
                 raise ServeError("'repository_name' specification is not supported",
                                  UNSUPPORTED)
+            dependents = False
+            if "unload_dependents" in request.parameters:
+                param = request.parameters["unload_dependents"]
+                if param.WhichOneof("parameter_choice") != "bool_param":
+                    raise ServeError("invalid value type for 'unload_dependents' parameter, "
+                                     "expected bool_param.")
+                dependents = param.bool_param
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self.core.unload, request.model_name)
+            await loop.run_in_executor(None, functools.partial(
+                self.core.unload, request.model_name, unload_dependents=dependents))
         except ServeError as exc:
             await self._fail(context, exc)
         return _M("RepositoryModelUnloadResponse")()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import json
 import logging
 import re
@@ -273,7 +274,12 @@ class HttpApp:
                         raise ServeError(f"Unable to parse '{key}': not valid base64") from None
             await loop.run_in_executor(None, self._core.load, name, config, files)
         else:
-            await loop.run_in_executor(None, self._core.unload, name)
+            dependents = params.get("unload_dependents", False)
+            if not isinstance(dependents, bool):
+                raise ServeError("Unable to parse 'unload_dependents': attempt to access JSON "
+                                 "non-boolean as boolean")
+            await loop.run_in_executor(None, functools.partial(
+                self._core.unload, name, unload_dependents=dependents))
         await _reply(send, 200, b"", _JSON)
 
     async def _infer(self, scope: Scope, receive: Receive, send: Send, name: str,

@@ -1,0 +1,179 @@
+"""Ensembles under ``pb-tensor serve`` run on the server's models, as Triton's do: one set of
+instances per composing model (their statistics count the ensemble's requests), composing
+models loaded with the ensemble, and Triton's dependency rules when a composing model is
+unloaded or reloaded (core's ``ModelRepositoryManager`` dependency graph)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from serve_support import EXAMPLES, needs_serve
+
+pytestmark = needs_serve
+
+TWICE = """
+platform: "ensemble"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
+         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
+    output_map { key: "OUTPUT0" value: "sum" } output_map { key: "OUTPUT1" value: "diff" } },
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "diff" }
+    output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" } }
+] }
+"""
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("models")
+    shutil.copytree(Path(EXAMPLES) / "add_sub", root / "add_sub")
+    # The same ensemble under a name that sorts before add_sub: with every model loaded at
+    # start, it loads add_sub first, which the server then does not load a second time.
+    for name in ("twice", "a_twice"):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(TWICE)
+    return str(root)
+
+
+def _server(repository: str, mode: str, in_process: bool, load: list[str]) -> Any:
+    from pb_tensor.serve import Options, Server
+
+    options = Options([repository], http_port=0, grpc_port=0, metrics_port=0,
+                      allow_metrics=False, allow_grpc=False, model_control_mode=mode,
+                      load_models=load, in_process=in_process)  # fmt: skip
+    return Server(options)
+
+
+def _infer(client: Any, model: str) -> Any:
+    import tritonclient.http as httpclient
+
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        given = httpclient.InferInput(name, [4], "FP32")
+        given.set_data_from_numpy(np.arange(4, dtype=np.float32))
+        inputs.append(given)
+    return client.infer(model, inputs)
+
+
+def _successes(client: Any, model: str) -> int:
+    stats = client.get_inference_statistics(model)["model_stats"][0]
+    count: int = stats["inference_stats"]["success"]["count"]
+    return count
+
+
+def _states(client: Any) -> dict[str, tuple[str, str]]:
+    return {m["name"]: (m.get("state", ""), m.get("reason", ""))
+            for m in client.get_model_repository_index()}  # fmt: skip
+
+
+@pytest.mark.parametrize("in_process", [True, False], ids=["in_process", "stub"])
+def test_an_ensemble_runs_on_the_servers_composing_models(repository: str,
+                                                          in_process: bool) -> None:
+    import tritonclient.http as httpclient
+
+    with _server(repository, "none", in_process, []) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        x = np.arange(4, dtype=np.float32)
+        for ensemble in ("twice", "a_twice"):
+            assert _infer(client, ensemble).as_numpy("OUTPUT0").tolist() == (2 * x).tolist()
+        # Every step ran on the add_sub the server serves (one stub), as in Triton.
+        assert _successes(client, "add_sub") == 4
+        names = sorted(m.name for m in server.core.loaded_models())
+        assert names == ["a_twice", "add_sub", "twice"]
+
+
+@pytest.fixture
+def explicit(repository: str) -> Iterator[Any]:
+    import tritonclient.http as httpclient
+
+    with _server(repository, "explicit", True, ["twice"]) as server:
+        yield server, httpclient.InferenceServerClient(server.http_url)
+
+
+def test_loading_an_ensemble_loads_its_composing_models(explicit: Any) -> None:
+    _, client = explicit
+    assert _states(client) == {"a_twice": ("", ""), "add_sub": ("READY", ""),
+                               "twice": ("READY", "")}  # fmt: skip
+    assert _infer(client, "add_sub").as_numpy("OUTPUT1").tolist() == [0, 0, 0, 0]
+
+
+def test_unloading_a_composing_model_unloads_its_ensembles(explicit: Any) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    _, client = explicit
+    client.unload_model("add_sub")
+    states = _states(client)
+    assert states["add_sub"] == ("UNAVAILABLE", "unloaded")
+    assert states["twice"] == (
+        "UNAVAILABLE",
+        "ensemble twice contains models that are not available or ambiguous: add_sub",
+    )
+    with pytest.raises(InferenceServerException,
+                       match="Request for unknown model: 'twice' has no available versions"):
+        _infer(client, "twice")
+    client.load_model("twice")  # loads add_sub again with it
+    assert _states(client)["add_sub"] == ("READY", "")
+    assert _infer(client, "twice").as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+
+
+def test_reloading_a_composing_model_reloads_its_ensembles(explicit: Any) -> None:
+    server, client = explicit
+    before = {m.name: m for m in server.core.loaded_models()}
+    client.load_model("add_sub")
+    after = {m.name: m for m in server.core.loaded_models()}
+    assert after["add_sub"] is not before["add_sub"]
+    assert after["twice"] is not before["twice"]
+    _infer(client, "twice")
+    assert _successes(client, "add_sub") == 2  # the new add_sub ran both steps
+
+
+@pytest.mark.parametrize("asked", [False, True], ids=["with_the_ensemble", "asked_for"])
+@pytest.mark.parametrize("dependents", [False, True])
+def test_unload_dependents(explicit: Any, dependents: bool, asked: bool) -> None:
+    # Triton's cascading removal: a composing model goes with its ensemble when it was
+    # loaded with it (not asked for) and no other loaded ensemble runs on it.
+    _, client = explicit
+    if asked:
+        client.load_model("add_sub")
+    client.unload_model("twice", unload_dependents=dependents)
+    states = _states(client)
+    assert states["twice"][0] == "UNAVAILABLE"
+    assert states["add_sub"][0] == ("UNAVAILABLE" if dependents and not asked else "READY")
+
+
+def test_unload_dependents_keeps_what_another_ensemble_runs_on(explicit: Any) -> None:
+    _, client = explicit
+    client.load_model("a_twice")
+    client.unload_model("twice", unload_dependents=True)
+    assert _states(client)["add_sub"][0] == "READY"
+    client.unload_model("a_twice", unload_dependents=True)
+    assert _states(client)["add_sub"][0] == "UNAVAILABLE"
+
+
+def test_a_composing_model_that_fails_to_reload_takes_its_ensembles_down(explicit: Any) -> None:
+    import json
+
+    from tritonclient.utils import InferenceServerException
+
+    _, client = explicit
+    config = json.dumps({"backend": "python"})
+    with pytest.raises(InferenceServerException, match="load failed for model 'add_sub'"):
+        client.load_model("add_sub", config=config,
+                          files={"file:1/model.py": b"raise RuntimeError('broken')\n"})
+    states = _states(client)
+    assert states["add_sub"][0] == "UNAVAILABLE"
+    state, reason = states["twice"]
+    assert state == "UNAVAILABLE"
+    assert reason.startswith("ensemble 'twice' depends on 'add_sub' which has no loaded version. "
+                             "Model 'add_sub' loading failed with error: ")  # fmt: skip
+    assert "broken" in reason
