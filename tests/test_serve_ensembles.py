@@ -177,3 +177,28 @@ def test_a_composing_model_that_fails_to_reload_takes_its_ensembles_down(explici
     assert reason.startswith("ensemble 'twice' depends on 'add_sub' which has no loaded version. "
                              "Model 'add_sub' loading failed with error: ")  # fmt: skip
     assert "broken" in reason
+
+
+def test_a_step_pinned_to_a_version_the_server_does_not_serve(tmp_path: Path) -> None:
+    # The server serves add_sub's latest version (2); a step pinned to version 1 runs on a
+    # model of the ensemble's own, which unload_dependents unloads too.
+    import tritonclient.http as httpclient
+
+    root = tmp_path / "models"
+    shutil.copytree(Path(EXAMPLES) / "add_sub", root / "add_sub")
+    shutil.copytree(root / "add_sub" / "1", root / "add_sub" / "2")
+    (root / "pinned" / "1").mkdir(parents=True)
+    (root / "pinned" / "config.pbtxt").write_text(TWICE.replace("model_version: -1",
+                                                               "model_version: 1"))
+    with _server(str(root), "explicit", True, ["add_sub", "pinned"]) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        served = server.core.model("add_sub")
+        assert served.version == 2
+        (own,) = server.core.model("pinned").composing_models
+        assert own.version == 1
+        assert own is not served
+        assert _infer(client, "pinned").as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+        assert _successes(client, "add_sub") == 0  # version 2 ran nothing
+        client.unload_model("pinned", unload_dependents=True)
+        assert not own.loaded
+        assert served.loaded  # asked for at start: it stays

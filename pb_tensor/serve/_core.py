@@ -445,6 +445,14 @@ class Core:
         def finish() -> None:
             if model is not None:
                 model.unload()  # (an ensemble's composing models are the server's: above)
+            if unload_dependents and isinstance(model, EnsembleModel):
+                # A step pinned to a version the server does not serve ran on a model of
+                # the ensemble's own: it goes too.
+                for step_model in model.composing_models:
+                    with self._lock:
+                        served = self._loaded.get(step_model.name) is step_model
+                    if not served and step_model.name not in composing:
+                        step_model.unload()
             self._discard(override)
 
         if background:
