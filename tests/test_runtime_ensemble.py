@@ -337,6 +337,34 @@ def test_a_failing_step_fails_the_request_naming_the_ensemble(repo: ModelReposit
     assert "step failed" in info.value.message()
 
 
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "isolated"])
+def test_an_ensemble_records_its_own_statistics(repo: ModelRepository, isolated: bool) -> None:
+    # core's ensemble RequestTracker: each request a success (with one execution of its
+    # batch size) or a failure; the composing models record their own requests.
+    chain = repo.load("chain", isolated=isolated)
+    for value in (1, 2):
+        chain.infer({"IN": np.array([value], np.int32)})
+    with pytest.raises(InferenceError):
+        chain.infer({"IN": np.array([1.0], np.float32)})  # refused by the validation
+    stats = chain.statistics()
+    assert (stats["name"], stats["inference_count"], stats["execution_count"]) == ("chain", 2, 2)
+    infer = stats["inference_stats"]
+    assert (infer["success"]["count"], infer["fail"]["count"]) == (2, 1)
+    assert infer["success"]["ns"] > 0
+    assert infer["compute_infer"]["count"] == 2
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (1, 2)]
+    # A failing step fails the ensemble's request too.
+    fails = repo.load("fails", isolated=isolated)
+    with pytest.raises(InferenceError):
+        fails.infer({"IN": np.array([1], np.int32)})
+    assert fails.statistics()["inference_stats"]["fail"]["count"] == 1
+    # Decoupled (a stream through the flow): one success per request.
+    fan_out = repo.load("fan_out", isolated=isolated)
+    assert len(list(fan_out.stream({"IN": np.array([10, 20], np.int32)}))) == 2
+    assert fan_out.statistics()["inference_stats"]["success"]["count"] == 1
+
+
 def test_step_response_sequence_parameters_override_the_next_step(
     repo: ModelRepository,
 ) -> None:

@@ -88,6 +88,7 @@ def test_an_ensemble_runs_on_the_servers_composing_models(repository: str,
             assert _infer(client, ensemble).as_numpy("OUTPUT0").tolist() == (2 * x).tolist()
         # Every step ran on the add_sub the server serves (one stub), as in Triton.
         assert _successes(client, "add_sub") == 4
+        assert _successes(client, "twice") == 1  # the ensemble's own, as core records them
         names = sorted(m.name for m in server.core.loaded_models())
         assert names == ["a_twice", "add_sub", "twice"]
 

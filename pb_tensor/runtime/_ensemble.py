@@ -13,6 +13,7 @@ is copied through the runtime process.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._model import LoadedModel
 from pb_tensor.runtime._reshape import renamed
+from pb_tensor.runtime._scheduling import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 from pb_tensor.runtime._validate import ModelSpec, validate_request
@@ -157,6 +159,8 @@ class EnsembleModel(LoadedModel):
             for tensor in dict.fromkeys(t for _, t, _ in step.inputs):
                 self._consumers.setdefault(tensor, []).append(index)
         self._live = True
+        # The ensemble's own statistics, recorded per request as core's RequestTracker does.
+        self._stats = Statistics()
         self._batching = spec.max_batch_size > 0
         self._ordered = [steps[i] for i in dataflow_order(steps, [i.name for i in spec.inputs])]
         # Triton copies each step's inputs into shared memory, so a step writing into its
@@ -222,6 +226,22 @@ class EnsembleModel(LoadedModel):
                 tensors.append(renamed(tensor, name, shape))
         return tensors
 
+    def statistics(self) -> dict[str, Any]:
+        """The ensemble's entry of Triton's statistics extension, recorded as core records
+        an ensemble's requests: each request a success or a failure, and each success one
+        execution of its batch size. Its ``compute_infer`` is the whole run of the steps
+        (Triton sums the steps' compute times); queue times are 0, as an ensemble request
+        waits in its steps' queues (their statistics have those)."""
+        return self._stats.entry(self._name, self._version)
+
+    def _account(self, data: RequestData, ok: bool, start_ns: int) -> None:
+        end = time.monotonic_ns()
+        if ok:
+            size = max(1, self._request_batch(data)) if self._batching else 1
+            self._stats.one_request(size, False, start_ns, start_ns, end)
+        else:
+            self._stats.failure(start_ns, end)
+
     # -- running ------------------------------------------------------------------------------
     def _replies(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None,
@@ -275,9 +295,18 @@ class EnsembleModel(LoadedModel):
         self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
         priority: int = 0,
     ) -> Reply:
-        """A request to an ensemble without decoupled steps: every step runs once, in an
-        order where each step's inputs exist before it runs (any such order gives the
-        dataflow's result)."""
+        """A request to an ensemble without decoupled steps, recorded in the statistics."""
+        start = time.monotonic_ns()
+        reply = self._static(data, timeout, cancel, priority)
+        self._account(data, reply.error is None, start)
+        return reply
+
+    def _static(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
+        priority: int,
+    ) -> Reply:
+        """:meth:`_run_static`'s run: every step runs once, in an order where each step's
+        inputs exist before it runs (any such order gives the dataflow's result)."""
         if not (self._live and data.validated):
             refused = self._refusal(data)
             if refused is not None:
@@ -347,6 +376,20 @@ class EnsembleModel(LoadedModel):
         self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
         priority: int = 0,
     ) -> Iterator[Reply]:
+        start = time.monotonic_ns()
+        ok = False
+        try:
+            for reply in self._flow(data, timeout, cancel, priority):
+                ok = reply.error is None
+                yield reply
+        finally:
+            self._account(data, ok, start)
+
+    def _flow(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
+        priority: int,
+    ) -> Iterator[Reply]:
+        """:meth:`_run_one`'s run: the dataflow of one request (decoupled steps)."""
         refused = self._refusal(data)
         if refused is not None:
             yield refused
