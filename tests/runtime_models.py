@@ -230,3 +230,21 @@ def build_repository(root: Path) -> Path:
     )
     shutil.copytree(EXAMPLES / "decoupled_repeat", root / "decoupled_repeat")
     return root
+
+
+def step(model: str, inputs: dict[str, str], outputs: dict[str, str], version: int = -1) -> str:
+    """One ``ensemble_scheduling`` step: ``model`` with its input and output maps."""
+    maps = "".join(f' input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
+    maps += "".join(f' output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
+    return f'{{ model_name: "{model}" model_version: {version}{maps} }}'
+
+
+def ensemble(
+    steps: list[str],
+    inputs: str = '{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }',
+    outputs: str = '{ name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] }',
+    extra: str = "",
+) -> str:
+    """An ensemble's ``config.pbtxt`` from its ``steps`` (see :func:`step`)."""
+    return (f'platform: "ensemble"\n{extra}\ninput [ {inputs} ]\noutput [ {outputs} ]\n'
+            f"ensemble_scheduling {{ step [ {', '.join(steps)} ] }}\n")  # fmt: skip

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from runtime_models import ensemble, step
 from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, UPSTREAM, repository
 
 from pb_tensor.runtime import (
@@ -179,22 +180,6 @@ ECHO_SEQUENCE = (
                 "OUT", np.array([r.correlation_id(), r.flags()], np.int32))]) for r in requests]
     """,
 )
-
-
-def step(model: str, inputs: dict[str, str], outputs: dict[str, str], version: int = -1) -> str:
-    maps = "".join(f' input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items())
-    maps += "".join(f' output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items())
-    return f'{{ model_name: "{model}" model_version: {version}{maps} }}'
-
-
-def ensemble(
-    steps: list[str],
-    inputs: str = '{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }',
-    outputs: str = '{ name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] }',
-    extra: str = "",
-) -> str:
-    return (f'platform: "ensemble"\n{extra}\ninput [ {inputs} ]\noutput [ {outputs} ]\n'
-            f"ensemble_scheduling {{ step [ {', '.join(steps)} ] }}\n")  # fmt: skip
 
 
 # IN -> add_one -> t1 -> add_one -> OUT, the steps written in reverse order.

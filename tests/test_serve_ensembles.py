@@ -12,25 +12,22 @@ from typing import Any
 
 import numpy as np
 import pytest
+from runtime_models import ensemble, step
 from serve_support import EXAMPLES, needs_serve
 
 pytestmark = needs_serve
 
-TWICE = """
-platform: "ensemble"
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
-        { name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
-         { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ -1 ] } ]
-ensemble_scheduling { step [
-  { model_name: "add_sub" model_version: -1
-    input_map { key: "INPUT0" value: "INPUT0" } input_map { key: "INPUT1" value: "INPUT1" }
-    output_map { key: "OUTPUT0" value: "sum" } output_map { key: "OUTPUT1" value: "diff" } },
-  { model_name: "add_sub" model_version: -1
-    input_map { key: "INPUT0" value: "sum" } input_map { key: "INPUT1" value: "diff" }
-    output_map { key: "OUTPUT0" value: "OUTPUT0" } output_map { key: "OUTPUT1" value: "OUTPUT1" } }
-] }
-"""
+# add_sub twice: (a + b) + (a - b) and (a + b) - (a - b)
+TWICE = ensemble(
+    [step("add_sub", {"INPUT0": "INPUT0", "INPUT1": "INPUT1"},
+          {"OUTPUT0": "sum", "OUTPUT1": "diff"}),
+     step("add_sub", {"INPUT0": "sum", "INPUT1": "diff"},
+          {"OUTPUT0": "OUTPUT0", "OUTPUT1": "OUTPUT1"})],
+    inputs='{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }, '
+           '{ name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] }',
+    outputs='{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }, '
+            '{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ -1 ] }',
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
