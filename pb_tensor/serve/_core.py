@@ -419,8 +419,9 @@ class Core:
     def _unload(self, name: str, unload_dependents: bool = False,
                 background: bool = False, reloading: bool = False) -> None:  # fmt: skip
         """Unload ``name``. Unless it is being reloaded, the ensembles that run on it go too,
-        with Triton's reason; with ``unload_dependents``, an ensemble's composing models
-        that no other loaded ensemble runs on go with it."""
+        with Triton's reason; with ``unload_dependents``, an ensemble's composing models that
+        were loaded with it (not asked for) and that no other loaded ensemble runs on go with
+        it, in turn."""
         with self._lock:
             model = self._loaded.pop(name, None)
             override = self._overrides.pop(name, None)
