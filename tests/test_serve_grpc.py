@@ -178,6 +178,29 @@ def test_repository_control(triton_server: Any) -> None:
             client.get_model_config("add_sub")
         assert caught.value.message() == (
             "Request for unknown model: 'add_sub' has no available versions")
+        # Load parameters Triton's gRPC front end refuses (tritonclient's load_model sends
+        # only valid ones: the requests go through the service's own stub).
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        channel = grpc.insecure_channel(server.grpc_url)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for key, value, text in [
+            ("config", {"bytes_param": b"{}"},
+             "invalid value type for load parameter 'config', expected string_param."),
+            ("file:1/model.py", {"string_param": "x"},
+             "invalid value type for load parameter 'file:1/model.py', expected bytes_param."),
+            ("note", {"string_param": "x"}, "unrecognized load parameter 'note'."),
+        ]:  # fmt: skip
+            request = service_pb2.RepositoryModelLoadRequest(model_name="add_sub")
+            for field, given in value.items():
+                setattr(request.parameters[key], field, given)
+            with pytest.raises(grpc.RpcError) as failed:
+                stub.RepositoryModelLoad(request)
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+            assert failed.value.details() == text  # type: ignore[attr-defined]
+        channel.close()
+        assert not client.is_model_ready("add_sub")
 
 
 _WAITS = '''

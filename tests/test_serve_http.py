@@ -205,6 +205,25 @@ def test_fixture_load_override_and_unload(triton_server: Any) -> None:
             "failed to load 'no_such_model', failed to poll from model repository")
 
 
+@pytest.mark.parametrize(("parameters", "status", "message"), [
+    ({"config": 3}, 500, "attempt to access JSON non-string as string"),
+    ({"file:1/model.py": True}, 500, "attempt to access JSON non-string as string"),
+    ({"note": "x"}, 500, "unexpected error on creating Triton parameter"),
+    ({"unload_dependents": "yes"}, 500, "unexpected error on creating Triton parameter"),
+])  # fmt: skip
+def test_load_parameters_triton_refuses(triton_server: Any, parameters: dict[str, Any],
+                                        status: int, message: str) -> None:
+    # Triton's HTTP front end reads every load parameter as a string and makes only "config"
+    # and "file:..." ones load parameters: anything else fails the load, as here.
+    server = triton_server(EXAMPLES, model_control_mode="explicit", in_process=True,
+                           allow_grpc=False)
+    body = json.dumps({"parameters": parameters}).encode()
+    assert error_of(server.http_url, "/v2/repository/models/add_sub/load", body) == (
+        status, message)
+    code, _, _ = raw(server.http_url, "GET", "/v2/models/add_sub/ready")
+    assert code == 400  # nothing was loaded
+
+
 _WRITES = '''
 import triton_python_backend_utils as pb_utils
 

@@ -330,17 +330,21 @@ class _Service:
             if request.repository_name:
                 raise ServeError("'repository_name' specification is not supported",
                                  UNSUPPORTED)
+            # Triton's gRPC front end: "config" as string_param, "file:<path>" as
+            # bytes_param, any other parameter refused.
             for key, p in request.parameters.items():
                 if key == "config":
                     if p.WhichOneof("parameter_choice") != "string_param":
-                        raise ServeError("Config parameter 'config' must have string type for "
-                                         "its value")
+                        raise ServeError(f"invalid value type for load parameter '{key}', "
+                                         "expected string_param.")
                     config = p.string_param
                 elif key.startswith("file:"):
                     if p.WhichOneof("parameter_choice") != "bytes_param":
-                        raise ServeError(f"File parameter '{key}' must have bytes type for its "
-                                         "value")
+                        raise ServeError(f"invalid value type for load parameter '{key}', "
+                                         "expected bytes_param.")
                     files[key[len("file:"):]] = p.bytes_param
+                else:
+                    raise ServeError(f"unrecognized load parameter '{key}'.")
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, self.core.load, request.model_name, config, files)
         except ServeError as exc:

@@ -16,6 +16,7 @@ from typing import Any
 
 from pb_tensor.serve._core import Core
 from pb_tensor.serve._errors import (
+    INTERNAL,
     INVALID_ARG,
     METHOD_NOT_ALLOWED,
     UNSUPPORTED,
@@ -259,19 +260,20 @@ class HttpApp:
         if action == "load":
             config: str | None = None
             files: dict[str, bytes] = {}
+            # Triton's HTTP front end: every parameter read as a string, "config" and
+            # "file:<path>" ones made load parameters, any other refused.
             for key, value in params.items():
+                if not isinstance(value, str):
+                    raise ServeError("attempt to access JSON non-string as string", INTERNAL)
                 if key == "config":
-                    if not isinstance(value, str):
-                        raise ServeError("Config parameter 'config' must have string type for "
-                                         "its value")
                     config = value
                 elif key.startswith("file:"):
-                    if not isinstance(value, str):
-                        raise ServeError(f"Unable to parse '{key}'")
                     try:
                         files[key[len("file:"):]] = base64.b64decode(value, validate=True)
                     except (binascii.Error, ValueError):
                         raise ServeError(f"Unable to parse '{key}': not valid base64") from None
+                else:
+                    raise ServeError("unexpected error on creating Triton parameter", INTERNAL)
             await loop.run_in_executor(None, self._core.load, name, config, files)
         else:
             dependents = params.get("unload_dependents", False)
