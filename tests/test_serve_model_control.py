@@ -214,3 +214,26 @@ def test_model_control_from_a_model_needs_the_explicit_mode(repositories: list[s
         url = server.http_url
         assert _calls(url, ["load", "identity"], ["unload", "identity"], ["ready", "identity"],
                       ["bls", "elsewhere"]) == [LOAD + POLLING, UNLOAD + POLLING, True, [7]]
+
+
+@pytest.mark.parametrize(("text", "version"), [
+    ("", -1), ("3", 3), (" 5", 5), ("+2", 2), ("-0", 0), ("12abc", 12), ("1_000", 1),
+    ("abc", None), ("\u0663", None), ("99999999999999999999", None), ("-1", -1),
+])  # fmt: skip
+def test_version_strings_are_read_as_std_stol_reads_them(text: str, version: int | None) -> None:
+    # GetModelVersionFromString (server's common.cc, python_backend's model_loader.cc): stol
+    # takes leading blanks, a sign and ASCII digits and ignores the rest; the front door and
+    # the model-control calls each refuse what stol throws on, and negative versions.
+    from pb_tensor.runtime import parse_model_version
+    from pb_tensor.serve._core import parse_version
+    from pb_tensor.serve._errors import ServeError
+
+    assert parse_model_version(text) == version
+    if version is None:
+        with pytest.raises(ServeError, match=r"\(details: stol\)"):
+            parse_version(text)
+    elif version < 0 and text:
+        with pytest.raises(ServeError, match="invalid model version specified"):
+            parse_version(text)
+    else:
+        assert parse_version(text) == version

@@ -26,7 +26,12 @@ if TYPE_CHECKING:
     from pb_tensor.runtime._ensemble import EnsembleModel
     from pb_tensor.runtime._errors import InferenceError, ModelLoadError
     from pb_tensor.runtime._model import LoadedModel
-    from pb_tensor.runtime._repository import ModelRepository, ServerModels, example_repository
+    from pb_tensor.runtime._repository import (
+        ModelRepository,
+        ServerModels,
+        example_repository,
+        parse_model_version,
+    )
     from pb_tensor.runtime._values import Outputs
 
 __all__ = [
@@ -40,6 +45,7 @@ __all__ = [
     "ResponseStream",
     "ServerModels",
     "example_repository",
+    "parse_model_version",
 ]
 
 # Library convention: the runtime's records reach only the handlers the application installs
@@ -54,6 +60,7 @@ _WHERE = {
     "ModelRepository": "pb_tensor.runtime._repository",
     "ServerModels": "pb_tensor.runtime._repository",
     "example_repository": "pb_tensor.runtime._repository",
+    "parse_model_version": "pb_tensor.runtime._repository",
     "InferFuture": "pb_tensor.runtime._calls",
     "ResponseStream": "pb_tensor.runtime._calls",
     "Outputs": "pb_tensor.runtime._values",

@@ -40,7 +40,8 @@ from pb_tensor.shm import SharedMemoryPool
 if TYPE_CHECKING:
     from types import TracebackType
 
-__all__ = ["ModelRepository", "ServerModels", "example_repository", "model_version_of"]
+__all__ = ["ModelRepository", "ServerModels", "example_repository", "model_version_of",
+           "parse_model_version"]
 
 _POOL_SIZE = 8 << 20
 _POOL_GROWTH = 64 << 20
@@ -66,14 +67,11 @@ def example_repository() -> str:
 _INT64_MAX = 2**63 - 1
 
 
-def model_version_of(text: str) -> int:
-    """The version a model-control call's version string names (-1 for ""), read as
-    upstream's ``GetModelVersionFromString`` reads it (``std::stol``: leading blanks and a
-    sign, then digits; what follows them is ignored).
-
-    Raises:
-        InferenceError: upstream's text for a string that is no integer or is negative.
-    """
+def parse_model_version(text: str) -> int | None:
+    """A model version string read as Triton reads it (``std::stol`` in
+    ``GetModelVersionFromString``): -1 for ``""``, else the value of leading blanks, a sign
+    and digits (what follows them is ignored); None when there are no digits or the value is
+    no 64-bit integer (``stol`` throws). Negative values are the caller's to refuse."""
     if not text:
         return -1
     body = text.lstrip(" \t\n\v\f\r")
@@ -82,13 +80,26 @@ def model_version_of(text: str) -> int:
         sign = -1 if body[0] == "-" else 1
         body = body[1:]
     digits = len(body) - len(body.lstrip("0123456789"))
-    value = sign * int(body[:digits]) if digits else None
-    if value is None or not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+    if not digits:
+        return None
+    value = sign * int(body[:digits])
+    return value if -_INT64_MAX - 1 <= value <= _INT64_MAX else None
+
+
+def model_version_of(text: str) -> int:
+    """The version a model-control call's version string names (-1 for ""), read as
+    upstream's stub reads it (:func:`parse_model_version`).
+
+    Raises:
+        InferenceError: upstream's text for a string that is no integer or is negative.
+    """
+    value = parse_model_version(text)
+    if value is None:
         raise InferenceError(
             f"failed to get model version from specified version string '{text}' (details: "
             "stol), version should be an integral value > 0", TritonError.INVALID_ARG,
         )  # fmt: skip
-    if value < 0:
+    if value < 0 and text:
         raise InferenceError(
             f"failed to get model version from specified version string '{text}', version "
             "should be an integral value > 0", TritonError.INVALID_ARG,

@@ -26,6 +26,7 @@ from pb_tensor.runtime import (
     ModelRepository,
     Outputs,
     ResponseStream,
+    parse_model_version,
 )
 from pb_tensor.serve._errors import (
     INTERNAL,
@@ -89,16 +90,13 @@ def parse_version(text: str) -> int:
     Raises:
         ServeError: not an integer, or negative (Triton's messages).
     """
-    if not text:
-        return -1
-    try:
-        version = int(text)
-    except ValueError:
+    version = parse_model_version(text)
+    if version is None:
         raise ServeError(
             f"failed to get model version from specified version string '{text}' (details: "
             "stol), version should be an integral value > 0"
-        ) from None
-    if version < 0:
+        )
+    if version < 0 and text:
         raise ServeError(
             f"invalid model version specified '{text}' , version should be an integral "
             "value > 0"
