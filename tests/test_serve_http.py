@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -196,7 +197,13 @@ def test_fixture_load_override_and_unload(triton_server: Any) -> None:
             "note": {"string_value": "overridden"}}
         client.unload_model("add_sub")
         assert not client.is_model_ready("add_sub")
-        index = {m["name"]: m for m in client.get_model_repository_index()}
+        # The unload returned once it started (as Triton's): UNLOADING until finalize ran.
+        deadline = time.monotonic() + 30
+        while True:
+            index = {m["name"]: m for m in client.get_model_repository_index()}
+            if index["add_sub"]["state"] != "UNLOADING" or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         assert index["add_sub"] == {"name": "add_sub", "version": "1", "state": "UNAVAILABLE",
                                     "reason": "unloaded"}
         with pytest.raises(InferenceServerException) as caught:

@@ -146,6 +146,12 @@ class Core:
         # "explicitly loaded": unload_dependents leaves them)
         self._depends: dict[str, set[str]] = {}
         self._asked: set[str] = set()
+        # Triton serialises the load / unload requests that touch one model (a second one
+        # waits for the first: LockNodes' retry) and runs those of other models in
+        # parallel: a lock per model name. Unloads go on in threads of their own after the
+        # request returned (AsyncUnload): the server's close waits for them.
+        self._control: dict[str, threading.RLock] = {}
+        self._unloading: set[threading.Thread] = set()
         self._inflight = 0
         self._pending: dict[str, int] = {}
         self.regions = Regions()
@@ -253,13 +259,16 @@ class Core:
 
     # -- control ------------------------------------------------------------------------------
     def load(self, name: str, config: str | None, files: Mapping[str, bytes], *,
-             startup: bool = False, background: bool = False,
-             dependency: bool = False) -> None:  # fmt: skip
+             startup: bool = False, dependency: bool = False) -> None:
         """Load (or reload) model ``name``; ``config`` (JSON) and ``files`` (paths relative to
         the model directory) override the repository's, as Triton's load request does.
-        ``background``: a loaded version is unloaded as :meth:`unload` does with it (a model
-        may reload the model that runs its own request). ``dependency``: loaded as an
-        ensemble's composing model, not asked for (``unload_dependents`` may unload it).
+        ``dependency``: loaded as an ensemble's composing model, not asked for
+        (``unload_dependents`` may unload it).
+
+        As in Triton, a model that is loaded already keeps serving while its new copy loads;
+        the new copy then takes its place and the old one is unloaded in the background
+        (its requests in flight end first). When the new copy fails to load, the old one
+        goes on serving. Load and unload requests for one model run one at a time.
 
         Raises:
             ServeError: load/unload not allowed in this mode, no such model, or it failed to
@@ -274,11 +283,39 @@ class Core:
             raise ServeError(
                 "Load parameter 'config' must be specified for model file override"
             )
+        # The ensembles on the model are reloaded once its lock is let go: an ensemble's own
+        # load takes its composing models' locks (a lock order the other way round would
+        # deadlock with it).
+        with self._control_lock(name):
+            dependents = self._load(name, config, files, dependency)
+        # Triton reloads the ensembles whose composing model changed (they run on the new
+        # one); an ensemble loaded with an override keeps running on the model it had.
+        for ensemble in dependents:
+            with self._lock:
+                asked = ensemble in self._asked
+            try:
+                self.load(ensemble, None, {}, startup=True, dependency=not asked)
+            except ServeError as exc:
+                log.error("%s", exc.message.rstrip())
+
+    def _control_lock(self, name: str) -> threading.RLock:
+        """The lock of model ``name``'s load and unload requests."""
+        with self._lock:
+            lock = self._control.get(name)
+            if lock is None:
+                lock = self._control[name] = threading.RLock()
+            return lock
+
+    def _load(self, name: str, config: str | None, files: Mapping[str, bytes],
+              dependency: bool) -> list[str]:  # fmt: skip
+        """:meth:`load` under the model's lock; the ensembles to reload on the new copy."""
         repo = self._repository_of(name)
         if repo is None and not files:
             raise ServeError(
                 f"failed to load '{name}', failed to poll from model repository", INTERNAL
             )
+        with self._lock:
+            serving = self._loaded.get(name)
         override: tuple[ModelRepository, str] | None = None
         try:
             if config is not None:
@@ -286,12 +323,12 @@ class Core:
                 repo = override[0]
             if repo is None:  # unreachable: files come with a config
                 raise ServeError(f"failed to load '{name}'", INTERNAL)
-            self._unload(name, background=background, reloading=True)
             config_path = os.path.join(repo.path, name, "config.pbtxt")
             if self.options.strict_model_config and not os.path.isfile(config_path):
-                with self._lock:
-                    self._states[name] = ModelState(name, "", "UNAVAILABLE",
-                                                    f"no {config_path} (strict model config)")
+                if serving is None:
+                    with self._lock:
+                        self._states[name] = ModelState(
+                            name, "", "UNAVAILABLE", f"no {config_path} (strict model config)")
                 raise ServeError(
                     f"load failed for model '{name}': --strict-model-config=true needs "
                     f"{config_path}\n"
@@ -299,45 +336,66 @@ class Core:
             try:
                 model = repo.load(name, isolated=not self.options.in_process)
             except ModelLoadError as exc:
-                self._discard(override)
-                version = repo.versions(name)
-                with self._lock:
-                    self._states[name] = ModelState(
-                        name, str(version[-1]) if version else "", "UNAVAILABLE", str(exc)
-                    )
-                    ensembles = self._ensembles_on(name)
-                # The ensembles that ran on the version unloaded above (Triton's CheckNode).
-                error = str(exc)
-                self._drop_ensembles(ensembles, lambda e: (
-                    f"ensemble '{e}' depends on '{name}' which has no loaded version. Model "
-                    f"'{name}' loading failed with error: {error}"))
+                if serving is None:
+                    self._failed(name, repo, str(exc))
+                # else: Triton's "model availability claim": the loaded copy goes on
+                # serving, as it was (ModelLifeCycle::OnLoadFinal).
                 raise ServeError(f"load failed for model '{name}': {exc}\n") from None
         except BaseException:
             self._discard(override)
             raise
         with self._lock:
+            old = self._loaded.get(name)
+            old_override = self._overrides.pop(name, None)
             self._loaded[name] = model
             self._states[name] = ModelState(name, str(model.version), "READY", "")
             if not dependency:
                 self._asked.add(name)
             if override is not None:
                 self._overrides[name] = override
+            self._depends.pop(name, None)
             if isinstance(model, EnsembleModel):
                 self._depends[name] = {m.name for m in model.composing_models}
             dependents = [e for e, needs in self._depends.items()
                           if name in needs and e != name and e in self._loaded
-                          and self._loaded[e] is not model]  # fmt: skip
-        # Triton reloads the ensembles whose composing model changed (they run on the new
-        # one); an ensemble loaded with an override keeps running on the model it had.
-        for ensemble in dependents:
-            if ensemble in self._overrides:
-                continue
-            with self._lock:
-                asked = ensemble in self._asked
+                          and e not in self._overrides]  # fmt: skip
+        if old is not None:
+            self._in_background(name, old, old_override)
+        return dependents
+
+    def _failed(self, name: str, repo: ModelRepository, error: str) -> None:
+        """Model ``name``, not loaded, failed to load with ``error``: its index row says so.
+        (No ensemble runs on it: unloading a model unloads the ensembles on it, and an
+        ensemble that loads it fails with this error, CheckNode's text.)"""
+        version = repo.versions(name)
+        with self._lock:
+            self._states[name] = ModelState(
+                name, str(version[-1]) if version else "", "UNAVAILABLE", error
+            )
+
+    def _in_background(self, name: str, model: LoadedModel,
+                       override: tuple[ModelRepository, str] | None,
+                       then: Callable[[], None] | None = None) -> None:
+        """Unload ``model`` (a copy of ``name`` that no longer serves) in a thread of its
+        own, then ``then()``; the server's close waits for it."""
+
+        def run() -> None:
             try:
-                self.load(ensemble, None, {}, startup=True, dependency=not asked)
-            except ServeError as exc:
-                log.error("%s", exc.message.rstrip())
+                model.unload()
+            except Exception:
+                log.exception("unloading model '%s' failed", name)
+            finally:
+                self._discard(override)
+                if then is not None:
+                    then()
+                with self._lock:
+                    self._unloading.discard(thread)
+
+        thread = threading.Thread(target=run, name=f"pb-tensor-serve-unload-{name}",
+                                  daemon=True)  # fmt: skip
+        with self._lock:
+            self._unloading.add(thread)
+        thread.start()
 
     def _override(self, name: str, repo: ModelRepository | None, config: str,
                   files: Mapping[str, bytes]) -> tuple[ModelRepository, str]:
@@ -381,13 +439,13 @@ class Core:
             override[0].close()
             shutil.rmtree(override[1], ignore_errors=True)
 
-    def unload(self, name: str, *, unload_dependents: bool = False,
-               background: bool = False) -> None:
-        """Unload model ``name`` (its ``finalize`` runs, its stub stops); with
-        ``unload_dependents``, an ensemble's composing models too. ``background``: the model
-        is unavailable when this returns and its unloading (which waits for its requests in
-        flight) goes on in a thread of its own, as Triton's asynchronous unload does (a model
-        may unload the model that runs its own request).
+    def unload(self, name: str, *, unload_dependents: bool = False) -> None:
+        """Unload model ``name``; with ``unload_dependents``, an ensemble's composing models
+        too. As Triton's unload, this returns once the unloading started: the model takes no
+        new request at once, and its index row says ``UNLOADING`` until its requests in
+        flight ended and its ``finalize`` ran (then ``UNAVAILABLE``, ``unloaded``); the
+        unloading goes on in a thread of its own (a model may unload the model that runs
+        its own request).
 
         Raises:
             ServeError: not allowed in this control mode.
@@ -397,39 +455,38 @@ class Core:
                 "explicit model load / unload is not allowed if polling is enabled",
                 UNAVAILABLE,
             )
-        self._unload(name, unload_dependents, background)
+        with self._control_lock(name):
+            self._unload(name, unload_dependents, background=True)
 
     def _drop_ensembles(self, ensembles: list[str], reason: Callable[[str], str],
                         background: bool = False) -> None:  # fmt: skip
         """Unload ``ensembles`` (a composing model of theirs went), each with Triton's reason
-        (``reason(ensemble)``) in the index."""
+        (``reason(ensemble)``) in the index once unloaded."""
         for ensemble in ensembles:
-            self._unload(ensemble, background=background)
-            with self._lock:
-                state = self._states.get(ensemble)
-                if state is not None:
-                    state.reason = reason(ensemble)
+            self._unload(ensemble, background=background, reason=reason(ensemble))
 
     def _ensembles_on(self, name: str) -> list[str]:
         """The loaded ensembles whose steps run on model ``name`` (called with the lock)."""
         return [e for e, steps in self._depends.items() if name in steps and e in self._loaded]
 
-    def _unload(self, name: str, unload_dependents: bool = False,
-                background: bool = False, reloading: bool = False) -> None:  # fmt: skip
-        """Unload ``name``. Unless it is being reloaded, the ensembles that run on it go too,
-        with Triton's reason; with ``unload_dependents``, an ensemble's composing models that
-        were loaded with it (not asked for) and that no other loaded ensemble runs on go with
-        it, in turn."""
+    def _unload(self, name: str, unload_dependents: bool = False, background: bool = False,
+                reason: str = "unloaded") -> None:  # fmt: skip
+        """Unload ``name``, and the ensembles that run on it (with Triton's reason); with
+        ``unload_dependents``, an ensemble's composing models that were loaded with it (not
+        asked for) and that no other loaded ensemble runs on go with it, in turn.
+        ``background``: the model is ``UNLOADING`` until its unloading, in a thread of its
+        own, ended."""
         with self._lock:
             model = self._loaded.pop(name, None)
             override = self._overrides.pop(name, None)
             needs = self._depends.pop(name, set())
+            state: ModelState | None = None
             if model is not None:
-                self._states[name] = ModelState(name, str(model.version), "UNAVAILABLE",
-                                                "unloaded")
-            ensembles = [] if reloading or model is None else self._ensembles_on(name)
-            if not reloading:
-                self._asked.discard(name)
+                state = self._states[name] = ModelState(
+                    name, str(model.version), *(("UNLOADING", "") if background
+                                                else ("UNAVAILABLE", reason)))  # fmt: skip
+            ensembles = [] if model is None else self._ensembles_on(name)
+            self._asked.discard(name)
             # Triton's cascading removal: a composing model goes when it was not asked for
             # and no other loaded ensemble runs on it.
             composing = [] if not unload_dependents else [
@@ -440,25 +497,33 @@ class Core:
                              f"available or ambiguous: {name}", background)  # fmt: skip
         for dependent in composing:
             self._unload(dependent, unload_dependents=True, background=background)
-
-        def finish() -> None:
-            if model is not None:
-                model.unload()  # (an ensemble's composing models are the server's: above)
-            if unload_dependents and isinstance(model, EnsembleModel):
-                # A step pinned to a version the server does not serve ran on a model of
-                # the ensemble's own: it goes too.
-                for step_model in model.composing_models:
-                    with self._lock:
-                        served = self._loaded.get(step_model.name) is step_model
-                    if not served and step_model.name not in composing:
-                        step_model.unload()
+        if model is None:
             self._discard(override)
+            return
+        # A step pinned to a version the server does not serve ran on a model of the
+        # ensemble's own: with unload_dependents it goes too.
+        own_steps: list[LoadedModel] = []
+        if unload_dependents and isinstance(model, EnsembleModel):
+            with self._lock:
+                own_steps = [m for m in model.composing_models
+                             if self._loaded.get(m.name) is not m and m.name not in composing]
+
+        def unloaded() -> None:
+            for step_model in own_steps:
+                step_model.unload()
+            with self._lock:
+                if self._states.get(name) is state:  # (not loaded again meanwhile)
+                    self._states[name] = ModelState(name, str(model.version), "UNAVAILABLE",
+                                                    reason)  # fmt: skip
 
         if background:
-            threading.Thread(target=finish, name=f"pb-tensor-serve-unload-{name}",
-                             daemon=True).start()  # fmt: skip
+            self._in_background(name, model, override, unloaded)
         else:
-            finish()
+            try:
+                model.unload()  # (an ensemble's composing models are the server's: above)
+            finally:
+                self._discard(override)
+                unloaded()
 
     # -- requests -----------------------------------------------------------------------------
     async def infer(self, model: LoadedModel, inputs: Mapping[str, Any],
@@ -592,6 +657,14 @@ class Core:
                 self._unload(name)
             except Exception:
                 log.exception("unloading model '%s' failed", name)
+        # Unloads still going on in the background (Triton's shutdown waits for them too).
+        while True:
+            with self._lock:
+                running = list(self._unloading)
+            if not running:
+                break
+            for thread in running:
+                thread.join()
         for repo in self._repositories:
             repo.close()
         self._handoff.close()
@@ -624,13 +697,13 @@ class _ServerModels:
         # The parameters Triton's load takes: a "file:<path>" one per override file.
         paths = {k[len("file:"):]: v for k, v in files.items() if k.startswith("file:")}
         try:
-            self._core.load(name, config or None, paths, background=True)
+            self._core.load(name, config or None, paths)
         except ServeError as exc:
             raise InferenceError(exc.message) from None
 
     def unload_model(self, name: str, unload_dependents: bool) -> None:
         try:
-            self._core.unload(name, unload_dependents=unload_dependents, background=True)
+            self._core.unload(name, unload_dependents=unload_dependents)
         except ServeError as exc:
             raise InferenceError(exc.message) from None
 
