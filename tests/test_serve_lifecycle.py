@@ -9,6 +9,7 @@ shutdown waits for the unloads still going on. Upstream's ``qa/L0_lifecycle`` ch
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -113,6 +114,13 @@ def _until(check: Callable[[], bool]) -> None:
         time.sleep(0.01)
 
 
+def _touch(work: Path) -> None:
+    """Mark the model's directory changed: Triton reloads a loaded model only then (or with
+    a configuration override)."""
+    now = time.time_ns() + 1_000_000
+    os.utime(work / "models" / "slow" / "1" / "model.py", ns=(now, now))
+
+
 def _row(client: Any) -> dict[str, str]:
     (row,) = [m for m in client.get_model_repository_index() if m["name"] == "slow"]
     return {k: v for k, v in row.items() if k != "name"}
@@ -138,6 +146,7 @@ def test_a_model_serves_while_it_reloads(work: Path, in_process: bool) -> None:
         client = _client(server)
         assert _generation(client) == 1
         (work / "hold_init").touch()
+        _touch(work)
         thread, errors = _in_thread(lambda: _client(server).load_model("slow"))
         _until(lambda: _log(work).count("init-start") == 2)
         # The new copy is in its initialize: the loaded one still serves.
@@ -186,6 +195,7 @@ def test_unload_returns_once_started(work: Path) -> None:
         assert caught.value.message() == (
             "Request for unknown model: 'slow' has no available versions")
         # A load meanwhile loads a new copy; the old one's end does not change its state.
+        _touch(work)
         client.load_model("slow")
         assert _generation(client) == 2
         (work / "hold_fin").unlink()
@@ -216,6 +226,7 @@ def test_loads_of_one_model_run_one_at_a_time(work: Path) -> None:
         (work / "hold_init").touch()
         first, errors_1 = _in_thread(lambda: _client(server).load_model("slow"))
         _until(lambda: _log(work).count("init-start") == 1)
+        _touch(work)  # (the second load finds the model changed: it reloads it)
         second, errors_2 = _in_thread(lambda: _client(server).load_model("slow"))
         time.sleep(0.3)
         # The second load waits for the first (Triton's LockNodes): one initialize at a time.
@@ -230,6 +241,38 @@ def test_loads_of_one_model_run_one_at_a_time(work: Path) -> None:
         assert _log(work) == ["init-start", "init-start", "fin-start", "fin-end"]
         assert [m.name for m in server.core.loaded_models()] == ["slow"]
         assert _generation(_client(server)) == 2
+
+
+def test_a_load_of_an_unchanged_model_changes_nothing(work: Path) -> None:
+    # core's InitializeModelInfo: a loaded model whose directory did not change since it
+    # loaded is "unmodified", and a load request leaves it as it is (no initialize, the
+    # same statistics); a change to its directory and a configuration override each reload
+    # it. A plain load after an override keeps the override (upstream's L0_lifecycle
+    # test_config_override) until the directory changes.
+    with _server(work, ["slow"]) as server:
+        client = _client(server)
+        assert _generation(client) == 1
+        client.load_model("slow")
+        assert _log(work) == ["init-start"]
+        assert _generation(client) == 1
+        stats = client.get_inference_statistics("slow")["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == 2
+        _touch(work)
+        client.load_model("slow")
+        assert _generation(client) == 2
+        config = client.get_model_config("slow")
+        config["parameters"]["note"] = {"string_value": "overridden"}
+        client.load_model("slow", config=json.dumps(config))
+        assert _generation(client) == 3
+        assert client.get_model_config("slow")["parameters"]["note"] == {
+            "string_value": "overridden"}
+        client.load_model("slow")
+        assert _generation(client) == 3
+        assert "note" in client.get_model_config("slow")["parameters"]
+        _touch(work)
+        client.load_model("slow")  # the repository's files changed: they load again
+        assert _generation(client) == 4
+        assert "note" not in client.get_model_config("slow")["parameters"]
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,8 @@ client in the explicit control mode and are refused in the others; models of eve
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -191,15 +193,23 @@ def test_a_model_loads_with_a_config_override_and_files(explicit: Any) -> None:
         LOAD + "Load parameter 'config' must be specified for model file override"]
 
 
-def test_a_model_may_reload_and_unload_the_model_it_runs_in(explicit: Any) -> None:
+def test_a_model_may_reload_and_unload_the_model_it_runs_in(explicit: Any,
+                                                            repositories: list[str]) -> None:
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
 
     url = explicit.http_url
     client = httpclient.InferenceServerClient(url)
     # A reload: the new instance serves the next request while the old one (running this
-    # request) unloads once it ended.
+    # request) unloads once it ended. (Triton reloads a loaded model only when its directory
+    # changed: unchanged, the load changes nothing.)
+    before = explicit.core.model("controller")
     assert _calls(url, ["load", "controller"]) == [None]
+    assert explicit.core.model("controller") is before
+    now = time.time_ns() + 1_000_000
+    os.utime(Path(repositories[0]) / "controller" / "1" / "model.py", ns=(now, now))
+    assert _calls(url, ["load", "controller"]) == [None]
+    assert explicit.core.model("controller") is not before
     assert _calls(url, ["ready", "controller"]) == [True]
     # Triton's unload does not wait for the requests in flight (this one among them).
     assert _calls(url, ["unload", "controller"], ["ready", "controller"]) == [

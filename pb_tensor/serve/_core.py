@@ -8,6 +8,7 @@ Triton's code and message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
@@ -109,6 +110,20 @@ def inference_error(exc: InferenceError) -> ServeError:
     return ServeError(exc.message(), int(exc.code()))
 
 
+def _newest_mtime(path: str) -> int:
+    """The newest modification time (ns) of ``path`` and everything under it (core's
+    ``ModelTimestamp``); -1 when it cannot be read."""
+    try:
+        newest = os.stat(path).st_mtime_ns
+        for root, dirs, files in os.walk(path):
+            for entry in (*dirs, *files):
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.stat(os.path.join(root, entry)).st_mtime_ns)
+    except OSError:
+        return -1
+    return newest
+
+
 class Core:
     """Models of one or more repositories, loaded as ``options`` says.
 
@@ -152,6 +167,9 @@ class Core:
         # request returned (AsyncUnload): the server's close waits for them.
         self._control: dict[str, threading.RLock] = {}
         self._unloading: set[threading.Thread] = set()
+        # The newest modification time in each loaded model's directory, read before it
+        # loaded (core's ModelTimestamp): a load request finding it unchanged reloads nothing.
+        self._stamps: dict[str, int] = {}
         self._inflight = 0
         self._pending: dict[str, int] = {}
         self.regions = Regions()
@@ -259,11 +277,12 @@ class Core:
 
     # -- control ------------------------------------------------------------------------------
     def load(self, name: str, config: str | None, files: Mapping[str, bytes], *,
-             startup: bool = False, dependency: bool = False) -> None:
+             startup: bool = False, dependency: bool = False, affected: bool = False) -> None:
         """Load (or reload) model ``name``; ``config`` (JSON) and ``files`` (paths relative to
         the model directory) override the repository's, as Triton's load request does.
         ``dependency``: loaded as an ensemble's composing model, not asked for
-        (``unload_dependents`` may unload it).
+        (``unload_dependents`` may unload it). ``affected``: reloaded even when its directory
+        did not change (an ensemble whose composing model was reloaded).
 
         As in Triton, a model that is loaded already keeps serving while its new copy loads;
         the new copy then takes its place and the old one is unloaded in the background
@@ -287,14 +306,14 @@ class Core:
         # load takes its composing models' locks (a lock order the other way round would
         # deadlock with it).
         with self._control_lock(name):
-            dependents = self._load(name, config, files, dependency)
+            dependents = self._load(name, config, files, dependency, affected)
         # Triton reloads the ensembles whose composing model changed (they run on the new
         # one); an ensemble loaded with an override keeps running on the model it had.
         for ensemble in dependents:
             with self._lock:
                 asked = ensemble in self._asked
             try:
-                self.load(ensemble, None, {}, startup=True, dependency=not asked)
+                self.load(ensemble, None, {}, startup=True, dependency=not asked, affected=True)
             except ServeError as exc:
                 log.error("%s", exc.message.rstrip())
 
@@ -307,15 +326,25 @@ class Core:
             return lock
 
     def _load(self, name: str, config: str | None, files: Mapping[str, bytes],
-              dependency: bool) -> list[str]:  # fmt: skip
+              dependency: bool, affected: bool) -> list[str]:  # fmt: skip
         """:meth:`load` under the model's lock; the ensembles to reload on the new copy."""
         repo = self._repository_of(name)
         if repo is None and not files:
             raise ServeError(
                 f"failed to load '{name}', failed to poll from model repository", INTERNAL
             )
+        stamp = -1 if repo is None else _newest_mtime(os.path.join(repo.path, name))
         with self._lock:
             serving = self._loaded.get(name)
+            # Triton reloads a loaded model only when the request overrides its configuration
+            # or its directory changed since it loaded (since the override, for a copy
+            # loaded with one: a plain load keeps the override); otherwise the request
+            # succeeds and changes nothing (core's InitializeModelInfo, "unmodified").
+            if (serving is not None and config is None and not affected
+                    and stamp <= self._stamps.get(name, -1)):  # fmt: skip
+                if not dependency:
+                    self._asked.add(name)
+                return []
         override: tuple[ModelRepository, str] | None = None
         try:
             if config is not None:
@@ -348,6 +377,8 @@ class Core:
             old = self._loaded.get(name)
             old_override = self._overrides.pop(name, None)
             self._loaded[name] = model
+            # (an override counts as a change made now: SetModelConfigModifiedTime)
+            self._stamps[name] = stamp if config is None else max(stamp, time.time_ns())
             self._states[name] = ModelState(name, str(model.version), "READY", "")
             if not dependency:
                 self._asked.add(name)
