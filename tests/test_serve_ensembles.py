@@ -210,26 +210,49 @@ def test_a_model_that_fails_to_load_while_not_loaded_says_why(explicit: Any) -> 
     assert "broken" in reason
 
 
-def test_a_step_pinned_to_a_version_the_server_does_not_serve(tmp_path: Path) -> None:
-    # The server serves add_sub's latest version (2); a step pinned to version 1 runs on a
-    # model of the ensemble's own, which unload_dependents unloads too.
-    import tritonclient.http as httpclient
-
+def _two_versions(tmp_path: Path, policy: str) -> Path:
+    """add_sub with versions 1 and 2 (and ``policy``), and an ensemble pinned to 1."""
     root = tmp_path / "models"
     shutil.copytree(Path(EXAMPLES) / "add_sub", root / "add_sub")
     shutil.copytree(root / "add_sub" / "1", root / "add_sub" / "2")
+    config = root / "add_sub" / "config.pbtxt"
+    config.write_text(config.read_text() + policy)
     (root / "pinned" / "1").mkdir(parents=True)
     (root / "pinned" / "config.pbtxt").write_text(TWICE.replace("model_version: -1",
                                                                "model_version: 1"))
+    return root
+
+
+def test_a_step_pinned_to_a_version_the_server_does_not_serve(tmp_path: Path) -> None:
+    # The server serves add_sub's latest version (2, the default version policy): an
+    # ensemble pinned to version 1 does not load (core's CheckNode).
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    root = _two_versions(tmp_path, "")
+    with _server(str(root), "explicit", True, ["add_sub"]) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert server.core.model("add_sub").version == 2
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model("pinned")
+        assert caught.value.message() == (
+            "load failed for model 'pinned': failed to load model 'pinned' version 1: ensemble "
+            "'pinned' depends on 'add_sub' whose required version 1 is not loaded.\n")
+
+
+def test_a_step_pinned_to_a_version_the_server_serves(tmp_path: Path) -> None:
+    # With a version policy that serves both versions, the pinned step runs on the
+    # server's version 1; a request that names no version goes to version 2.
+    import tritonclient.http as httpclient
+
+    root = _two_versions(tmp_path, "version_policy: { all { } }\n")
     with _server(str(root), "explicit", True, ["add_sub", "pinned"]) as server:
         client = httpclient.InferenceServerClient(server.http_url)
-        served = server.core.model("add_sub")
-        assert served.version == 2
-        (own,) = server.core.model("pinned").composing_models
-        assert own.version == 1
-        assert own is not served
+        (step,) = server.core.model("pinned").composing_models
+        assert step is server.core.model("add_sub", "1")
         assert _infer(client, "pinned").as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
-        assert _successes(client, "add_sub") == 0  # version 2 ran nothing
-        client.unload_model("pinned", unload_dependents=True)
-        assert not own.loaded
-        assert served.loaded  # asked for at start: it stays
+        stats = {s["version"]: s["inference_stats"]["success"]["count"]
+                 for s in client.get_inference_statistics("add_sub")["model_stats"]}
+        assert stats == {"1": 2, "2": 0}
+        assert _infer(client, "add_sub").as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+        assert client.get_model_metadata("add_sub")["versions"] == ["1", "2"]

@@ -17,7 +17,7 @@ from pb_tensor.runtime._ensemble_validate import (
     dependency_cycle,
     step_models,
 )
-from pb_tensor.runtime._errors import ModelLoadError
+from pb_tensor.runtime._errors import ModelLoadError, VersionNotServed
 from pb_tensor.runtime._model import LoadedModel
 from pb_tensor.runtime._validate import ModelSpec, known_outputs
 
@@ -101,6 +101,10 @@ def load_ensemble(
             try:
                 models[key] = repository.shared_model(step_name, step_version, isolated,
                                                       timeout)  # fmt: skip
+            except VersionNotServed:  # (the server loaded the model: not that version)
+                raise EnsembleConfigError(
+                    f"ensemble '{name}' depends on '{step_name}' whose required version "
+                    f"{step_version} is not loaded.") from None
             except ModelLoadError as exc:
                 nested = _steps_of(repository, step_name) is not None
                 if nested:

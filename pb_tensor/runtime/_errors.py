@@ -5,7 +5,7 @@ from __future__ import annotations
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._seam import TritonError, TritonErrorCode
 
-__all__ = ["InferenceError", "ModelLoadError", "model_control_error"]
+__all__ = ["InferenceError", "ModelLoadError", "VersionNotServed", "model_control_error"]
 
 
 class InferenceError(TritonModelException):
@@ -40,6 +40,11 @@ class ModelLoadError(TritonModelException):
     """A model could not be loaded: a missing or malformed ``config.pbtxt``, a missing
     ``model.py``, no ``TritonPythonModel`` class, or ``auto_complete_config`` /
     ``initialize`` raised. The message names the model, the file and Triton's message."""
+
+
+class VersionNotServed(ModelLoadError):
+    """The server a repository serves in does not serve the version of a model an ensemble's
+    step names (the ensemble fails to load, as in Triton)."""
 
 
 # What upstream's stub puts before a failed model-control call's message (pb_utils.load_model

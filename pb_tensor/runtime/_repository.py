@@ -13,7 +13,7 @@ from pb_tensor.runtime import _schema
 from pb_tensor.runtime._engines import Handler, StubEngine, StubFailure
 from pb_tensor.runtime._ensemble import EnsembleModel
 from pb_tensor.runtime._ensemble_load import check_ensemble_config, is_ensemble, load_ensemble
-from pb_tensor.runtime._errors import InferenceError, ModelLoadError
+from pb_tensor.runtime._errors import InferenceError, ModelLoadError, VersionNotServed
 from pb_tensor.runtime._host import (
     HostInfo,
 )
@@ -107,6 +107,18 @@ def model_version_of(text: str) -> int:
     return value
 
 
+def _policy_versions(config: Any, versions: list[int]) -> list[int]:
+    """The versions (of ``versions``, ascending) the configuration's ``version_policy``
+    serves (core's ``VersionsToLoad``; no policy: the newest one)."""
+    policy = config.version_policy
+    if policy.HasField("specific"):
+        return sorted(set(policy.specific.versions) & set(versions))
+    if policy.HasField("all"):
+        return list(versions)
+    count = policy.latest.num_versions if policy.HasField("latest") else 1
+    return list(versions[-count:]) if count > 0 else []
+
+
 class ServerModels(Protocol):
     """The models of the server a repository serves in (``pb-tensor serve``): they decide
     what the repository's models reach through BLS and ``pb_utils``' model control, as
@@ -135,9 +147,9 @@ class ServerModels(Protocol):
 
     def step_model(self, name: str, version: int, isolated: bool) -> LoadedModel | None:
         """The server's model an ensemble's step runs on (loaded now when it is not, as
-        Triton loads an ensemble's composing models); None: the repository loads one of its
-        own (a version the server does not serve). Raises ``ModelLoadError`` when the model
-        fails to load."""
+        Triton loads an ensemble's composing models); None when the server does not serve
+        that version (the ensemble then fails to load, with Triton's message). Raises
+        ``ModelLoadError`` when the model fails to load."""
         ...
 
 
@@ -226,7 +238,9 @@ class ModelRepository:
     def _version_dirs(model_dir: str) -> list[int]:
         out = []
         for entry in os.listdir(model_dir):
-            if entry.isdigit() and os.path.isdir(os.path.join(model_dir, entry)):
+            # (core ignores a version directory with leading zeros, such as "01")
+            if (entry.isdigit() and not (len(entry) > 1 and entry[0] == "0")
+                    and os.path.isdir(os.path.join(model_dir, entry))):  # fmt: skip
                 out.append(int(entry))
         return sorted(out)
 
@@ -234,6 +248,28 @@ class ModelRepository:
         """The version numbers of model ``name`` (its numeric subdirectories), ascending."""
         d = os.path.join(self._path, name)
         return self._version_dirs(d) if os.path.isdir(d) else []
+
+    def served_versions(self, name: str) -> list[int]:
+        """The versions of model ``name`` its ``version_policy`` serves, ascending (core's
+        ``VersionsToLoad``): the ``num_versions`` newest with ``latest`` (the default, one),
+        every one with ``all``, and those of ``specific`` that have a directory. Empty when
+        none does (Triton then refuses to load the model).
+
+        Raises:
+            ModelLoadError: no such model, or its ``config.pbtxt`` is malformed.
+        """
+        model_dir = os.path.join(self._path, name)
+        if not name or os.sep in name or not os.path.isdir(model_dir):
+            raise ModelLoadError(
+                f"failed to load model '{name}': no model directory {model_dir!r}"
+            )
+        config_path = os.path.join(model_dir, "config.pbtxt")
+        try:
+            config = (_schema.parse_config_file(config_path) if os.path.isfile(config_path)
+                      else _schema.new_config())  # fmt: skip
+        except _schema.ConfigError as exc:
+            raise ModelLoadError(f"failed to load model '{name}': {exc}") from None
+        return _policy_versions(config, self._version_dirs(model_dir))
 
     @property
     def pool(self) -> SharedMemoryPool:
@@ -252,7 +288,8 @@ class ModelRepository:
         isolated: bool = True,
         timeout: float | None = None,
     ) -> LoadedModel:
-        """Load model ``name`` (the latest version unless ``version`` is given).
+        """Load model ``name``: ``version``, else the newest version its ``version_policy``
+        serves (:meth:`served_versions`; the newest directory by default).
 
         Reads ``config.pbtxt`` (optional when the model completes its configuration with
         ``auto_complete_config``), imports ``model.py``, runs ``auto_complete_config`` and
@@ -303,7 +340,13 @@ class ModelRepository:
                 f"the version policy of model '{name}'{hint}"
             )
         if version is None:
-            version = versions[-1]
+            served = _policy_versions(config, versions)
+            if not served:
+                raise ModelLoadError(
+                    f"failed to load model '{name}': at least one version must be available "
+                    f"under the version policy of model '{name}'"
+                )
+            version = served[-1]
         elif version not in versions:
             raise ModelLoadError(
                 f"failed to load model '{name}' version {version}: no directory "
@@ -432,8 +475,11 @@ class ModelRepository:
         """
         if self._server is not None:
             served = self._server.step_model(name, version, isolated)
-            if served is not None:
-                return served
+            if served is None:
+                raise VersionNotServed(
+                    f"model '{name}' version {version} is not loaded by the server"
+                )
+            return served
         key = (name, version if version > 0 else -1, isolated)
         with self._lock:
             model = self._bls.get(key)

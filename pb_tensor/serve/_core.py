@@ -153,8 +153,11 @@ class Core:
             for p in options.model_repositories
         ]  # fmt: skip
         self._lock = threading.RLock()
+        # model -> its latest served version; model -> every version served (its version
+        # policy's); model -> its rows in the repository index, one per version
         self._loaded: dict[str, LoadedModel] = {}
-        self._states: dict[str, ModelState] = {}
+        self._served: dict[str, dict[int, LoadedModel]] = {}
+        self._states: dict[str, list[ModelState]] = {}
         self._overrides: dict[str, tuple[ModelRepository, str]] = {}
         # ensemble -> the models its steps run on (Triton's dependency graph, one level), and
         # the models loaded because they were asked for, not as a composing model (Triton's
@@ -213,19 +216,20 @@ class Core:
                 log.error("%s", exc.message.rstrip())
         self.ready = True
         with self._lock:
-            return [self._states[n] for n in sorted(self._states)]
+            return [row for n in sorted(self._states) for row in self._states[n]]
 
     def index(self, ready_only: bool) -> list[ModelState]:
         """Triton's repository index: every model of the repositories, with the state and
-        version of those that were loaded or failed to load."""
+        version of those that were loaded or failed to load (a row per version)."""
         with self._lock:
-            rows = [self._states.get(n, ModelState(n)) for n in self.names()]
-            rows += [s for n, s in self._states.items() if n not in self.names()]
-        rows.sort(key=lambda s: s.name)
+            names = self.names()
+            rows = [row for n in names for row in self._states.get(n, [ModelState(n)])]
+            rows += [row for n, r in self._states.items() if n not in names for row in r]
+        rows.sort(key=lambda s: (s.name, int(s.version) if s.version.isdigit() else -1))
         return [r for r in rows if r.state == "READY"] if ready_only else rows
 
     def model(self, name: str, version: str = "") -> LoadedModel:
-        """The loaded model ``name`` (``version`` "" for the latest).
+        """The loaded model ``name`` (``version`` "" for the latest the server serves).
 
         Raises:
             ServeError: Triton's ``Request for unknown model`` errors.
@@ -233,6 +237,11 @@ class Core:
         wanted = parse_version(version)
         with self._lock:
             model = self._loaded.get(name)
+            if model is not None and wanted != -1:
+                model = self._served[name].get(wanted)
+                if model is None:
+                    raise ServeError(f"Request for unknown model: '{name}' version {wanted} "
+                                     "is not found", NOT_FOUND)  # fmt: skip
             known = name in self._states
         if model is None:
             if known:
@@ -240,16 +249,17 @@ class Core:
                     f"Request for unknown model: '{name}' has no available versions", NOT_FOUND
                 )
             raise ServeError(f"Request for unknown model: '{name}' is not found")
-        if wanted not in (-1, model.version):
-            raise ServeError(
-                f"Request for unknown model: '{name}' version {wanted} is not found", NOT_FOUND
-            )
         return model
+
+    def versions(self, name: str) -> list[int]:
+        """The versions of model ``name`` the server serves now, ascending."""
+        with self._lock:
+            return sorted(self._served.get(name, {}))
 
     def composing_model(self, name: str, version: int) -> LoadedModel | None:
         """The server's model ``name`` an ensemble step runs on, loaded now when it is not
-        (Triton loads an ensemble's composing models with it); None for a ``version`` other
-        than the one the server serves (the ensemble loads that one itself).
+        (Triton loads an ensemble's composing models with it); None for a ``version`` the
+        server does not serve (the ensemble fails to load, as in Triton).
 
         Raises:
             ModelLoadError: the model failed to load (its load error).
@@ -261,19 +271,17 @@ class Core:
                 self.load(name, None, {}, startup=True, dependency=True)
             except ServeError as exc:
                 with self._lock:
-                    state = self._states.get(name)
-                raise ModelLoadError(state.reason if state is not None and state.reason
-                                     else exc.message) from None  # fmt: skip
-            with self._lock:
-                model = self._loaded.get(name)
-        if model is None or version not in (-1, model.version):
-            return None
-        return model
+                    reasons = [r.reason for r in self._states.get(name, []) if r.reason]
+                raise ModelLoadError(reasons[-1] if reasons else exc.message) from None
+        with self._lock:
+            if version == -1:
+                return self._loaded.get(name)
+            return self._served.get(name, {}).get(version)
 
     def loaded_models(self) -> list[LoadedModel]:
-        """The models loaded now."""
+        """The models loaded now (a model per version the server serves)."""
         with self._lock:
-            return list(self._loaded.values())
+            return [m for versions in self._served.values() for m in versions.values()]
 
     # -- control ------------------------------------------------------------------------------
     def load(self, name: str, config: str | None, files: Mapping[str, bytes], *,
@@ -356,65 +364,85 @@ class Core:
             if self.options.strict_model_config and not os.path.isfile(config_path):
                 if serving is None:
                     with self._lock:
-                        self._states[name] = ModelState(
-                            name, "", "UNAVAILABLE", f"no {config_path} (strict model config)")
+                        self._states[name] = [ModelState(
+                            name, "", "UNAVAILABLE", f"no {config_path} (strict model config)")]
                 raise ServeError(
                     f"load failed for model '{name}': --strict-model-config=true needs "
                     f"{config_path}\n"
                 )
+            loaded: dict[int, LoadedModel] = {}
+            version: int | None = None
             try:
-                model = repo.load(name, isolated=not self.options.in_process)
+                # Every version its version policy serves (core's VersionsToLoad); none: the
+                # load's own error says so.
+                wanted: list[int | None] = [*repo.served_versions(name)] or [None]
+                for version in wanted:
+                    model = repo.load(name, version=version,
+                                      isolated=not self.options.in_process)  # fmt: skip
+                    loaded[model.version] = model
             except ModelLoadError as exc:
+                for model in loaded.values():  # a version failed: the new copies go
+                    model.unload()
                 if serving is None:
-                    self._failed(name, repo, str(exc))
+                    self._failed(name, repo, version, str(exc))
                 # else: Triton's "model availability claim": the loaded copy goes on
                 # serving, as it was (ModelLifeCycle::OnLoadFinal).
                 raise ServeError(f"load failed for model '{name}': {exc}\n") from None
         except BaseException:
             self._discard(override)
             raise
+        latest = loaded[max(loaded)]
         with self._lock:
-            old = self._loaded.get(name)
+            old = list(self._served.get(name, {}).values())
             old_override = self._overrides.pop(name, None)
-            self._loaded[name] = model
+            self._loaded[name] = latest
+            self._served[name] = loaded
             # (an override counts as a change made now: SetModelConfigModifiedTime)
             self._stamps[name] = stamp if config is None else max(stamp, time.time_ns())
-            self._states[name] = ModelState(name, str(model.version), "READY", "")
+            self._states[name] = [ModelState(name, str(v), "READY", "") for v in sorted(loaded)]
             if not dependency:
                 self._asked.add(name)
             if override is not None:
                 self._overrides[name] = override
             self._depends.pop(name, None)
-            if isinstance(model, EnsembleModel):
-                self._depends[name] = {m.name for m in model.composing_models}
+            for model in loaded.values():
+                if isinstance(model, EnsembleModel):
+                    self._depends.setdefault(name, set()).update(
+                        m.name for m in model.composing_models)
             dependents = [e for e, needs in self._depends.items()
                           if name in needs and e != name and e in self._loaded
                           and e not in self._overrides]  # fmt: skip
-        if old is not None:
+        if old:
             self._in_background(name, old, old_override)
         return dependents
 
-    def _failed(self, name: str, repo: ModelRepository, error: str) -> None:
-        """Model ``name``, not loaded, failed to load with ``error``: its index row says so.
-        (No ensemble runs on it: unloading a model unloads the ensembles on it, and an
-        ensemble that loads it fails with this error, CheckNode's text.)"""
-        version = repo.versions(name)
+    def _failed(self, name: str, repo: ModelRepository, version: int | None,
+                error: str) -> None:  # fmt: skip
+        """Model ``name``, not loaded, failed to load with ``error`` (``version``: the one
+        that failed, None for the model's latest): its index row says so. (No ensemble runs
+        on it: unloading a model unloads the ensembles on it, and an ensemble that loads it
+        fails with this error, CheckNode's text.)"""
+        if version is None:
+            versions = repo.versions(name)
+            version = versions[-1] if versions else None
         with self._lock:
-            self._states[name] = ModelState(
-                name, str(version[-1]) if version else "", "UNAVAILABLE", error
-            )
+            self._states[name] = [ModelState(
+                name, "" if version is None else str(version), "UNAVAILABLE", error
+            )]  # fmt: skip
 
-    def _in_background(self, name: str, model: LoadedModel,
+    def _in_background(self, name: str, models: list[LoadedModel],
                        override: tuple[ModelRepository, str] | None,
                        then: Callable[[], None] | None = None) -> None:
-        """Unload ``model`` (a copy of ``name`` that no longer serves) in a thread of its
+        """Unload ``models`` (copies of ``name`` that no longer serve) in a thread of their
         own, then ``then()``; the server's close waits for it."""
 
         def run() -> None:
             try:
-                model.unload()
-            except Exception:
-                log.exception("unloading model '%s' failed", name)
+                for model in models:
+                    try:
+                        model.unload()
+                    except Exception:
+                        log.exception("unloading model '%s' failed", name)
             finally:
                 self._discard(override)
                 if then is not None:
@@ -508,15 +536,17 @@ class Core:
         ``background``: the model is ``UNLOADING`` until its unloading, in a thread of its
         own, ended."""
         with self._lock:
-            model = self._loaded.pop(name, None)
+            self._loaded.pop(name, None)
+            models = list(self._served.pop(name, {}).values())
             override = self._overrides.pop(name, None)
             needs = self._depends.pop(name, set())
-            state: ModelState | None = None
-            if model is not None:
-                state = self._states[name] = ModelState(
-                    name, str(model.version), *(("UNLOADING", "") if background
-                                                else ("UNAVAILABLE", reason)))  # fmt: skip
-            ensembles = [] if model is None else self._ensembles_on(name)
+            rows: list[ModelState] = []
+            if models:
+                rows = self._states[name] = [
+                    ModelState(name, str(m.version), *(("UNLOADING", "") if background
+                                                       else ("UNAVAILABLE", reason)))
+                    for m in models]  # fmt: skip
+            ensembles = self._ensembles_on(name) if models else []
             self._asked.discard(name)
             # Triton's cascading removal: a composing model goes when it was not asked for
             # and no other loaded ensemble runs on it.
@@ -528,33 +558,25 @@ class Core:
                              f"available or ambiguous: {name}", background)  # fmt: skip
         for dependent in composing:
             self._unload(dependent, unload_dependents=True, background=background)
-        if model is None:
+        if not models:
             self._discard(override)
             return
-        # A step pinned to a version the server does not serve ran on a model of the
-        # ensemble's own: with unload_dependents it goes too.
-        own_steps: list[LoadedModel] = []
-        if unload_dependents and isinstance(model, EnsembleModel):
-            with self._lock:
-                own_steps = [m for m in model.composing_models
-                             if self._loaded.get(m.name) is not m and m.name not in composing]
 
         def unloaded() -> None:
-            for step_model in own_steps:
-                step_model.unload()
             with self._lock:
-                if self._states.get(name) is state:  # (not loaded again meanwhile)
-                    self._states[name] = ModelState(name, str(model.version), "UNAVAILABLE",
-                                                    reason)  # fmt: skip
+                if self._states.get(name) is rows:  # (not loaded again meanwhile)
+                    self._states[name] = [ModelState(name, r.version, "UNAVAILABLE", reason)
+                                          for r in rows]  # fmt: skip
 
         if background:
-            self._in_background(name, model, override, unloaded)
-        else:
-            try:
-                model.unload()  # (an ensemble's composing models are the server's: above)
-            finally:
-                self._discard(override)
-                unloaded()
+            self._in_background(name, models, override, unloaded)
+            return
+        try:
+            for model in models:  # (an ensemble's composing models are the server's: above)
+                model.unload()
+        finally:
+            self._discard(override)
+            unloaded()
 
     # -- requests -----------------------------------------------------------------------------
     async def infer(self, model: LoadedModel, inputs: Mapping[str, Any],

@@ -79,7 +79,9 @@ class _Service:
         config = model.config
         batch = [-1] if config.get("max_batch_size", 0) >= 1 else []
         response = _M("ModelMetadataResponse")(
-            name=request.name, versions=[str(model.version)],
+            name=request.name,
+            versions=[str(model.version)] if request.version
+            else [str(v) for v in self.core.versions(request.name)],
             platform=config.get("platform") or config.get("backend", "python"),
         )  # fmt: skip
         for entries, target in ((config.get("input", []), response.inputs),

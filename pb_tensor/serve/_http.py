@@ -369,7 +369,8 @@ def _metadata(core: Core, name: str, version: str) -> bytes:
 
     return json.dumps({
         "name": name,
-        "versions": [str(model.version)],
+        # (Triton's: the version asked for, else every version served)
+        "versions": [str(model.version)] if version else [str(v) for v in core.versions(name)],
         "platform": config.get("platform") or config.get("backend", "python"),
         "inputs": io(config.get("input", [])),
         "outputs": io(config.get("output", [])),

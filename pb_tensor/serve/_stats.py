@@ -17,7 +17,8 @@ def _entry(model: LoadedModel) -> dict[str, Any]:
 
 
 def statistics(core: Core, name: str, version: str) -> list[dict[str, Any]]:
-    """The statistics entries of every loaded model (``name`` ""), or of one model version.
+    """The statistics entries of every loaded model version (``name`` ""), of every version
+    of model ``name`` the server serves (``version`` ""), or of one model version.
 
     Raises:
         ServeError: an unknown model or version (Triton's messages).
@@ -25,8 +26,13 @@ def statistics(core: Core, name: str, version: str) -> list[dict[str, Any]]:
     if not name:
         if version:
             parse_version(version)
-        return [_entry(m) for m in sorted(core.loaded_models(), key=lambda m: m.name)]
-    return [_entry(core.model(name, version))]
+        return [_entry(m) for m in sorted(core.loaded_models(),
+                                          key=lambda m: (m.name, m.version))]  # fmt: skip
+    model = core.model(name, version)
+    if version:
+        return [_entry(model)]
+    return [_entry(m) for m in sorted((m for m in core.loaded_models() if m.name == name),
+                                      key=lambda m: m.version)]  # fmt: skip
 
 
 _COUNTERS = (
@@ -63,7 +69,7 @@ def _value(entry: dict[str, Any], path: tuple[str, ...]) -> int:
 
 def metric_lines(core: Core) -> list[str]:
     """Triton's ``nv_inference_*`` families for every loaded model version."""
-    models = sorted(core.loaded_models(), key=lambda m: m.name)
+    models = sorted(core.loaded_models(), key=lambda m: (m.name, m.version))
     entries = [(m, _entry(m)) for m in models]
     lines: list[str] = []
     for family, text, path, divisor in _COUNTERS:
