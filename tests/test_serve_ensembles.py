@@ -256,3 +256,23 @@ def test_a_step_pinned_to_a_version_the_server_serves(tmp_path: Path) -> None:
         assert stats == {"1": 2, "2": 0}
         assert _infer(client, "add_sub").as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
         assert client.get_model_metadata("add_sub")["versions"] == ["1", "2"]
+
+
+def test_an_ensemble_runs_on_models_of_another_repository(tmp_path: Path) -> None:
+    # Triton finds an ensemble's composing models in every repository it serves.
+    import tritonclient.http as httpclient
+
+    from pb_tensor.serve import Options, Server
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    shutil.copytree(Path(EXAMPLES) / "add_sub", second / "add_sub")
+    (first / "twice" / "1").mkdir(parents=True)
+    (first / "twice" / "config.pbtxt").write_text(TWICE)
+    options = Options([str(first), str(second)], http_port=0, grpc_port=0, metrics_port=0,
+                      allow_metrics=False, allow_grpc=False, in_process=True)  # fmt: skip
+    with Server(options) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        assert _infer(client, "twice").as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]
+        (step,) = server.core.model("twice").composing_models
+        assert step is server.core.model("add_sub")
+        assert _successes(client, "add_sub") == 2

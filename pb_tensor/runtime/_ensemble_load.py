@@ -46,7 +46,12 @@ def check_ensemble_config(config: Any, name: str, model_dir: str) -> None:
 
 
 def _steps_of(repository: ModelRepository, name: str) -> list[str] | None:
-    path = os.path.join(repository.path, name, "config.pbtxt")
+    """The models ensemble ``name`` runs on (found in whichever repository holds it); None
+    for a model that is no (readable) ensemble."""
+    holder = repository.holder(name)
+    if holder is None:
+        return None
+    path = os.path.join(holder.path, name, "config.pbtxt")
     if not os.path.isfile(path):
         return None
     try:
@@ -79,8 +84,8 @@ def load_ensemble(
     where = f"model '{name}' version {version}"
     try:
         check_scheduling(config, os.path.basename(os.path.normpath(model_dir)))
-        known = set(repository.models())
-        missing = sorted({n for n, _ in step_models(config)} - known)
+        # (every repository of the server the repository serves in, as Triton's)
+        missing = sorted({n for n, _ in step_models(config) if repository.holder(n) is None})
         if missing:
             raise EnsembleConfigError(
                 f"ensemble {name} contains models that are not available or ambiguous: "
@@ -89,7 +94,9 @@ def load_ensemble(
         if cycle is not None:
             raise cycle
         for step_name, step_version in step_models(config):
-            if step_version > 0 and step_version not in repository.versions(step_name):
+            holder = repository.holder(step_name)
+            if step_version > 0 and (holder is None
+                                     or step_version not in holder.versions(step_name)):
                 raise EnsembleConfigError(
                     f"ensemble '{name}' depends on '{step_name}' whose required version "
                     f"{step_version} is not loaded.")

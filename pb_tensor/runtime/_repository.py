@@ -145,6 +145,11 @@ class ServerModels(Protocol):
         latest)."""
         ...
 
+    def repository_of(self, name: str) -> ModelRepository | None:
+        """The server's repository that holds model ``name`` (Triton finds an ensemble's
+        composing models in every repository); None when none does."""
+        ...
+
     def step_model(self, name: str, version: int, isolated: bool) -> LoadedModel | None:
         """The server's model an ensemble's step runs on (loaded now when it is not, as
         Triton loads an ensemble's composing models); None when the server does not serve
@@ -243,6 +248,13 @@ class ModelRepository:
                     and os.path.isdir(os.path.join(model_dir, entry))):  # fmt: skip
                 out.append(int(entry))
         return sorted(out)
+
+    def holder(self, name: str) -> ModelRepository | None:
+        """The repository that holds model ``name``: this one, else (in a server) the
+        server's repository that does; None when none does."""
+        if name in self.models():
+            return self
+        return None if self._server is None else self._server.repository_of(name)
 
     def versions(self, name: str) -> list[int]:
         """The version numbers of model ``name`` (its numeric subdirectories), ascending."""

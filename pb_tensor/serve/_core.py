@@ -184,6 +184,10 @@ class Core:
         self.startup_failures: list[str] = []
 
     # -- repository ---------------------------------------------------------------------------
+    def repository_of(self, name: str) -> ModelRepository | None:
+        """The first of the server's repositories that holds model ``name``."""
+        return self._repository_of(name)
+
     def _repository_of(self, name: str) -> ModelRepository | None:
         for repo in self._repositories:
             if name in repo.models():
@@ -759,6 +763,9 @@ class _ServerModels:
             self._core.unload(name, unload_dependents=unload_dependents)
         except ServeError as exc:
             raise InferenceError(exc.message) from None
+
+    def repository_of(self, name: str) -> ModelRepository | None:
+        return self._core.repository_of(name)
 
     def step_model(self, name: str, version: int, isolated: bool) -> LoadedModel | None:
         return self._core.composing_model(name, version)
