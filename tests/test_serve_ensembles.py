@@ -276,3 +276,25 @@ def test_an_ensemble_runs_on_models_of_another_repository(tmp_path: Path) -> Non
         (step,) = server.core.model("twice").composing_models
         assert step is server.core.model("add_sub")
         assert _successes(client, "add_sub") == 2
+
+
+def test_an_ensemble_loaded_with_an_override_follows_its_reloaded_model(
+    explicit: Any, repository: str
+) -> None:
+    # The ensemble reloads on the new composing model with the configuration it had (its
+    # override), as Triton's dependency graph reloads it; before, it kept the old copy,
+    # which the reload unloads.
+    import json
+
+    server, client = explicit
+    config = client.get_model_config("twice")
+    config["parameters"] = {"note": {"string_value": "overridden"}}
+    client.load_model("twice", config=json.dumps(config))
+    now = time.time_ns() + 1_000_000
+    os.utime(Path(repository) / "add_sub" / "1" / "model.py", ns=(now, now))
+    client.load_model("add_sub")
+    (step,) = server.core.model("twice").composing_models
+    assert step is server.core.model("add_sub")
+    assert client.get_model_config("twice")["parameters"] == {
+        "note": {"string_value": "overridden"}}
+    assert _infer(client, "twice").as_numpy("OUTPUT0").tolist() == [0, 2, 4, 6]

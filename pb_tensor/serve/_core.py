@@ -319,8 +319,8 @@ class Core:
         # deadlock with it).
         with self._control_lock(name):
             dependents = self._load(name, config, files, dependency, affected)
-        # Triton reloads the ensembles whose composing model changed (they run on the new
-        # one); an ensemble loaded with an override keeps running on the model it had.
+        # Triton reloads the ensembles whose composing model changed: they run on the new
+        # one (with the configuration they had, an override included).
         for ensemble in dependents:
             with self._lock:
                 asked = ensemble in self._asked
@@ -341,6 +341,15 @@ class Core:
               dependency: bool, affected: bool) -> list[str]:  # fmt: skip
         """:meth:`load` under the model's lock; the ensembles to reload on the new copy."""
         repo = self._repository_of(name)
+        # An ensemble reloaded because a composing model of its was: from the configuration
+        # it loaded with, an override included (Triton's dependency graph keeps the node's
+        # configuration), which its new copy then keeps.
+        kept: tuple[ModelRepository, str] | None = None
+        if affected and config is None:
+            with self._lock:
+                kept = self._overrides.get(name)
+            if kept is not None:
+                repo = kept[0]
         if repo is None and not files:
             raise ServeError(
                 f"failed to load '{name}', failed to poll from model repository", INTERNAL
@@ -399,6 +408,8 @@ class Core:
         with self._lock:
             old = list(self._served.get(name, {}).values())
             old_override = self._overrides.pop(name, None)
+            if kept is not None and old_override is kept:
+                old_override, override = None, kept  # (the new copy keeps it)
             self._loaded[name] = latest
             self._served[name] = loaded
             # (an override counts as a change made now: SetModelConfigModifiedTime)
@@ -414,8 +425,7 @@ class Core:
                     self._depends.setdefault(name, set()).update(
                         m.name for m in model.composing_models)
             dependents = [e for e, needs in self._depends.items()
-                          if name in needs and e != name and e in self._loaded
-                          and e not in self._overrides]  # fmt: skip
+                          if name in needs and e != name and e in self._loaded]  # fmt: skip
         if old:
             self._in_background(name, old, old_override)
         return dependents
