@@ -318,16 +318,23 @@ class Core:
         # load takes its composing models' locks (a lock order the other way round would
         # deadlock with it).
         with self._control_lock(name):
-            dependents = self._load(name, config, files, dependency, affected)
+            dependents, old, old_override = self._load(name, config, files, dependency,
+                                                       affected)  # fmt: skip
         # Triton reloads the ensembles whose composing model changed: they run on the new
-        # one (with the configuration they had, an override included).
-        for ensemble in dependents:
-            with self._lock:
-                asked = ensemble in self._asked
-            try:
-                self.load(ensemble, None, {}, startup=True, dependency=not asked, affected=True)
-            except ServeError as exc:
-                log.error("%s", exc.message.rstrip())
+        # one (with the configuration they had, an override included). The old copy goes
+        # once they do: until then their requests run on it.
+        try:
+            for ensemble in dependents:
+                with self._lock:
+                    asked = ensemble in self._asked
+                try:
+                    self.load(ensemble, None, {}, startup=True, dependency=not asked,
+                              affected=True)  # fmt: skip
+                except ServeError as exc:
+                    log.error("%s", exc.message.rstrip())
+        finally:
+            if old:
+                self._in_background(name, old, old_override)
 
     def _control_lock(self, name: str) -> threading.RLock:
         """The lock of model ``name``'s load and unload requests."""
@@ -338,8 +345,10 @@ class Core:
             return lock
 
     def _load(self, name: str, config: str | None, files: Mapping[str, bytes],
-              dependency: bool, affected: bool) -> list[str]:  # fmt: skip
-        """:meth:`load` under the model's lock; the ensembles to reload on the new copy."""
+              dependency: bool, affected: bool) -> tuple[
+                  list[str], list[LoadedModel], tuple[ModelRepository, str] | None]:
+        """:meth:`load` under the model's lock; the ensembles to reload on the new copy, and
+        the copies it replaced (with their override) for the caller to unload."""
         repo = self._repository_of(name)
         # An ensemble reloaded because a composing model of its was: from the configuration
         # it loaded with, an override included (Triton's dependency graph keeps the node's
@@ -365,7 +374,7 @@ class Core:
                     and stamp <= self._stamps.get(name, -1)):  # fmt: skip
                 if not dependency:
                     self._asked.add(name)
-                return []
+                return [], [], None
         override: tuple[ModelRepository, str] | None = None
         try:
             if config is not None:
@@ -426,9 +435,7 @@ class Core:
                         m.name for m in model.composing_models)
             dependents = [e for e, needs in self._depends.items()
                           if name in needs and e != name and e in self._loaded]  # fmt: skip
-        if old:
-            self._in_background(name, old, old_override)
-        return dependents
+        return dependents, old, old_override
 
     def _failed(self, name: str, repo: ModelRepository, version: int | None,
                 error: str) -> None:  # fmt: skip
