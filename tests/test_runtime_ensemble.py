@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import shutil
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -548,6 +549,10 @@ def test_pb_utils_unload_model_with_dependents(repo: ModelRepository) -> None:
     assert isinstance(chain, EnsembleModel)
     add_one = chain.composing_models[0]
     repo.load("unloader", isolated=False).infer({"IN": np.array([1], np.int32)})
+    # Triton's unload returns once started: the models go in the background (bounded wait).
+    deadline = time.monotonic() + 30
+    while (chain.loaded or add_one.loaded) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not chain.loaded
     assert not add_one.loaded
 

@@ -162,6 +162,29 @@ def test_cancel_reaches_a_long_running_execute(tmp_path: Path) -> None:
         assert first["OUT"].tolist() == [0]
 
 
+def test_readiness_of_a_stub_that_died_after_the_liveness_check(
+    repo_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The race CI met: the stub passed the liveness check and was gone before the readiness
+    # question reached it (the channel's send failed with a broken pipe). Not ready, with
+    # the stub's end; before, the channel's error escaped from is_ready().
+    from pb_tensor.runtime._channel import ChannelClosed
+
+    with ModelRepository(repo_dir) as r, r.load("crash", timeout=60) as model:
+        pid = model.pid
+        assert pid is not None
+        (instance,) = model._instances
+        channel = instance.engine.channel
+        assert channel is not None
+
+        def broken(kind: str, body: object = None, tensors: object = ()) -> None:
+            raise ChannelClosed("[Errno 32] Broken pipe")
+
+        os.kill(pid, 9)
+        monkeypatch.setattr(channel, "send", broken)
+        assert model.is_ready() is False
+
+
 def test_model_control_from_a_model(tmp_path: Path, repo_dir: Path) -> None:
     # pb_utils.is_model_ready raises for a model that is not loaded, as Triton's does (core's
     # GetModel error; upstream's qa bls_model_loading catches it), and every failed call

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         ModelRepository,
         ServerModels,
         example_repository,
+        model_timestamp,
         parse_model_version,
     )
     from pb_tensor.runtime._values import Outputs
@@ -45,6 +46,7 @@ __all__ = [
     "ResponseStream",
     "ServerModels",
     "example_repository",
+    "model_timestamp",
     "parse_model_version",
 ]
 
@@ -61,6 +63,7 @@ _WHERE = {
     "ServerModels": "pb_tensor.runtime._repository",
     "example_repository": "pb_tensor.runtime._repository",
     "parse_model_version": "pb_tensor.runtime._repository",
+    "model_timestamp": "pb_tensor.runtime._repository",
     "InferFuture": "pb_tensor.runtime._calls",
     "ResponseStream": "pb_tensor.runtime._calls",
     "Outputs": "pb_tensor.runtime._values",

@@ -208,6 +208,7 @@ def check(args: argparse.Namespace) -> int:
                     # BLS targets this model loaded finalize now, their output in its capture.
                     for target in names:
                         repo.control("unload_model", (target, False), False)
+                    repo.wait_for_unloads()
             took = f"({time.monotonic() - start:.1f} s)"
             if error is None:
                 sys.stdout.write(f"ok      {took} {detail}\n")

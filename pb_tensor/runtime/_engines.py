@@ -361,7 +361,7 @@ class StubEngine:
         try:
             self.channel.send("is_ready")
             _, _, (ready, error) = self._expect(("ready_state",), 30.0)
-        except StubFailure:
+        except (StubFailure, ChannelClosed):  # (a stub killed since the check above)
             return False, f"Stub process '{name}' is not healthy.{how_it_ended(proc)}"
         return bool(ready), error
 
@@ -371,7 +371,7 @@ class StubEngine:
         try:
             self.channel.send("metrics")
             _, _, snapshot = self._expect(("metrics",), 30.0)
-        except StubFailure:
+        except (StubFailure, ChannelClosed):
             return {}
         values: dict[str, Any] = snapshot
         return values

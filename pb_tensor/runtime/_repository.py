@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 import threading
 from collections.abc import Mapping
@@ -36,6 +38,8 @@ from pb_tensor.runtime._scheduling import Instance
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._validate import ModelSpec
 from pb_tensor.shm import SharedMemoryPool
+
+log = logging.getLogger("pb_tensor.runtime")
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -105,6 +109,21 @@ def model_version_of(text: str) -> int:
             "should be an integral value > 0", TritonError.INVALID_ARG,
         )  # fmt: skip
     return value
+
+
+def model_timestamp(path: str) -> int:
+    """The newest modification time (ns) of model directory ``path`` and everything under
+    it (core's ``ModelTimestamp``): a loaded model is reloaded only when this grew since it
+    loaded. -1 when it cannot be read."""
+    try:
+        newest = os.stat(path).st_mtime_ns
+        for root, dirs, files in os.walk(path):
+            for entry in (*dirs, *files):
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.stat(os.path.join(root, entry)).st_mtime_ns)
+    except OSError:
+        return -1
+    return newest
 
 
 def _policy_versions(config: Any, versions: list[int]) -> list[int]:
@@ -220,6 +239,13 @@ class ModelRepository:
         # Names of the models a load was started for (Triton keeps an entry for each, and
         # says "has no available versions" rather than "is not found" once it had one).
         self._tried: set[str] = set()
+        # pb_utils' model control without a server, as Triton's: a BLS target's timestamp
+        # when it loaded (a load request reloads it only when its directory changed), and
+        # the copies being unloaded in the background (an unload returns once started; they
+        # take no new request meanwhile; close waits for them).
+        self._stamps: dict[str, int] = {}
+        self._going: set[LoadedModel] = set()
+        self._unloading: set[threading.Thread] = set()
         self._closed = False
 
     @property
@@ -497,9 +523,11 @@ class ModelRepository:
             model = self._bls.get(key)
             if model is not None and model.loaded:
                 return model
+            stamp = model_timestamp(os.path.join(self._path, name))
             model = self.load(name, version=version if version > 0 else None,
                               isolated=isolated, timeout=timeout)
             self._bls[key] = model
+            self._stamps.setdefault(name, stamp)
             return model
 
     def bls_target(
@@ -523,7 +551,8 @@ class ModelRepository:
                 return model
             loaded = [m for m in self._models
                       if m.loaded and m.name == name and m.isolated == isolated
-                      and (version <= 0 or m.version == version)]  # fmt: skip
+                      and (version <= 0 or m.version == version)
+                      and m not in self._going]  # fmt: skip
             if loaded:
                 return max(loaded, key=lambda m: m.version)
             if name not in self.models():
@@ -565,30 +594,16 @@ class ModelRepository:
                     f"failed to load '{name}', failed to poll from model repository",
                     TritonError.INTERNAL,
                 )
-            with self._lock:
-                for key in [k for k in self._bls if k[0] == name]:
-                    self._bls.pop(key).unload()
-                loaded = any(m.loaded and m.name == name and m.isolated == isolated
-                             for m in self._models)  # fmt: skip
-            if not loaded:
-                try:
-                    self.shared_model(name, -1, isolated)
-                except ModelLoadError as exc:
-                    raise InferenceError(f"load failed for model '{name}': {exc}\n",
-                                         TritonError.INTERNAL) from None  # fmt: skip
-            return None
+            return self._reload(name, isolated)
         if kind == "unload_model":
             name, unload_dependents = payload
             if server is not None:
                 server.unload_model(name, bool(unload_dependents))
                 return None
             with self._lock:
-                for key in [k for k in self._bls if k[0] == name]:
-                    model = self._bls.pop(key)
-                    if isinstance(model, EnsembleModel):
-                        model.unload(unload_dependents=bool(unload_dependents))
-                    else:
-                        model.unload()
+                going = [self._bls.pop(k) for k in [k for k in self._bls if k[0] == name]]
+                self._stamps.pop(name, None)
+            self._in_background(going, bool(unload_dependents))
             return None
         if kind == "is_model_ready":
             name, text = payload
@@ -598,11 +613,82 @@ class ModelRepository:
             return self._ready_model(name, version).loaded
         raise InferenceError(f"unknown runtime request {kind!r}", TritonError.INTERNAL)
 
+    def _reload(self, name: str, isolated: bool) -> None:
+        """``pb_utils.load_model(name)`` without a server, as Triton's load: the model is
+        loaded when it is not; a loaded one is reloaded only when its directory changed since
+        it loaded, its new copies loading while the old ones serve, which then go in the
+        background; when a new copy fails to load, the old ones go on serving.
+
+        Raises:
+            InferenceError: the model failed to load (Triton's text).
+        """
+        stamp = model_timestamp(os.path.join(self._path, name))
+        with self._lock:
+            copies = {k: m for k, m in self._bls.items() if k[0] == name and m.loaded}
+            loaded = any(m.loaded and m.name == name and m.isolated == isolated
+                         and m not in self._going for m in self._models)  # fmt: skip
+            unchanged = stamp <= self._stamps.get(name, -1)
+        try:
+            if not copies:
+                if not loaded:
+                    self.shared_model(name, -1, isolated)
+                return
+            if unchanged:
+                return
+            new: dict[tuple[str, int, bool], LoadedModel] = {}
+            try:
+                for key in copies:
+                    new[key] = self.load(name, version=key[1] if key[1] > 0 else None,
+                                         isolated=key[2])  # fmt: skip
+            except ModelLoadError:
+                for model in new.values():
+                    model.unload()
+                raise
+        except ModelLoadError as exc:
+            raise InferenceError(f"load failed for model '{name}': {exc}\n",
+                                 TritonError.INTERNAL) from None  # fmt: skip
+        with self._lock:
+            old = [self._bls[k] for k in new if k in self._bls]
+            self._bls.update(new)
+            self._stamps[name] = stamp
+        self._in_background(old)
+
+    def _in_background(self, models: list[LoadedModel], unload_dependents: bool = False
+                       ) -> None:  # fmt: skip
+        """Unload ``models`` in a thread of their own (Triton's unload does not wait for the
+        requests in flight: a model may unload the model its own request runs on); they take
+        no new BLS request meanwhile, and :meth:`close` waits for them."""
+        if not models:
+            return
+
+        def run() -> None:
+            try:
+                for model in models:
+                    try:
+                        if isinstance(model, EnsembleModel):
+                            model.unload(unload_dependents=unload_dependents)
+                        else:
+                            model.unload()
+                    except Exception:
+                        log.exception("unloading model '%s' failed", model.name)
+            finally:
+                with self._lock:
+                    self._going.difference_update(models)
+                    self._unloading.discard(thread)
+
+        thread = threading.Thread(target=run, name=f"pb-tensor-unload-{models[0].name}",
+                                  daemon=True)  # fmt: skip
+        with self._lock:
+            self._going.update(models)
+            self._unloading.add(thread)
+        thread.start()
+
     def _ready_model(self, name: str, version: int) -> LoadedModel:
         """A loaded model ``name`` (``version``; -1: the latest), else Triton's error for
         it (core's ``ModelLifeCycle::GetModel`` texts)."""
         with self._lock:
-            loaded = [m for m in self._models if m.loaded and m.name == name]
+            loaded = [m for m in self._models
+                      if m.loaded and m.name == name and m not in self._going]  # fmt: skip
             tried = name in self._tried
         found = [m for m in loaded if version in (-1, m.version)]
         if found:
@@ -624,10 +710,23 @@ class ModelRepository:
                 if value is model:
                     del self._bls[key]
 
+    def wait_for_unloads(self) -> None:
+        """Wait until the unloads ``pb_utils.unload_model`` (and reloads) started in the
+        background have ended (their ``finalize`` ran)."""
+        while True:
+            with self._lock:
+                running = list(self._unloading)
+            if not running:
+                return
+            for thread in running:
+                thread.join()
+
     def close(self) -> None:
         """Unload every model loaded through this repository and remove the pool."""
         with self._lock:
             self._closed = True
+        self.wait_for_unloads()
+        with self._lock:
             models = list(reversed(self._models))
         for model in models:
             model.unload()

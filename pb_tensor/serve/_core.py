@@ -8,7 +8,6 @@ Triton's code and message.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import os
@@ -27,6 +26,7 @@ from pb_tensor.runtime import (
     ModelRepository,
     Outputs,
     ResponseStream,
+    model_timestamp,
     parse_model_version,
 )
 from pb_tensor.serve._errors import (
@@ -108,20 +108,6 @@ def parse_version(text: str) -> int:
 def inference_error(exc: InferenceError) -> ServeError:
     """The runtime's error as a front-door error (same message and code)."""
     return ServeError(exc.message(), int(exc.code()))
-
-
-def _newest_mtime(path: str) -> int:
-    """The newest modification time (ns) of ``path`` and everything under it (core's
-    ``ModelTimestamp``); -1 when it cannot be read."""
-    try:
-        newest = os.stat(path).st_mtime_ns
-        for root, dirs, files in os.walk(path):
-            for entry in (*dirs, *files):
-                with contextlib.suppress(OSError):
-                    newest = max(newest, os.stat(os.path.join(root, entry)).st_mtime_ns)
-    except OSError:
-        return -1
-    return newest
 
 
 class Core:
@@ -363,7 +349,7 @@ class Core:
             raise ServeError(
                 f"failed to load '{name}', failed to poll from model repository", INTERNAL
             )
-        stamp = -1 if repo is None else _newest_mtime(os.path.join(repo.path, name))
+        stamp = -1 if repo is None else model_timestamp(os.path.join(repo.path, name))
         with self._lock:
             serving = self._loaded.get(name)
             # Triton reloads a loaded model only when the request overrides its configuration
