@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from serve_support import needs_serve
+from serve_support import EXAMPLES, needs_serve
 
 pytestmark = needs_serve
 
@@ -280,3 +281,40 @@ def _no_hold_left(work: Path) -> Iterator[None]:
     yield
     for name in ("hold_init", "hold_fin"):
         (work / name).unlink(missing_ok=True)
+
+
+def test_a_model_in_two_repositories_does_not_load(tmp_path: Path) -> None:
+    # core's Poll: a model name in two repositories is "not unique across all model
+    # repositories": it does not load, and the index says why (upstream's L0_lifecycle
+    # test_model_repository_index: UNAVAILABLE, "model appears in two or more
+    # repositories"); at start it fails the start (exit-on-error) or is left out.
+    from tritonclient.utils import InferenceServerException
+
+    from pb_tensor.serve import Options, ServeError, Server
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        shutil.copytree(Path(EXAMPLES) / "add_sub", root / "add_sub")
+    shutil.copytree(Path(EXAMPLES) / "string_identity", first / "string_identity")
+
+    def options(mode: str, exit_on_error: bool) -> Options:
+        return Options([str(first), str(second)], http_port=0, grpc_port=0, metrics_port=0,
+                       allow_metrics=False, allow_grpc=False, model_control_mode=mode,
+                       exit_on_error=exit_on_error, in_process=True)  # fmt: skip
+
+    with pytest.raises(ServeError, match="failed to load all models"), \
+            Server(options("none", True)):
+        pass
+    with Server(options("none", False)) as server:
+        client = _client(server)
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert index["add_sub"] == {"name": "add_sub", "state": "UNAVAILABLE",
+                                    "reason": "model appears in two or more repositories"}
+        assert index["string_identity"]["state"] == "READY"
+    with Server(options("explicit", True)) as server:
+        client = _client(server)
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model("add_sub")
+        assert caught.value.message() == (
+            "failed to load 'add_sub', failed to poll from model repository")
+        assert not client.is_model_ready("add_sub")

@@ -85,6 +85,10 @@ class ModelState:
     reason: str = ""
 
 
+# core's MODEL_READY_REASON_DUPLICATE
+_DUPLICATE = "model appears in two or more repositories"
+
+
 def parse_version(text: str) -> int:
     """Triton's ``GetModelVersionFromString``: ``""`` is -1 (latest).
 
@@ -175,10 +179,19 @@ class Core:
         return self._repository_of(name)
 
     def _repository_of(self, name: str) -> ModelRepository | None:
+        # A model in two or more repositories is no model (core's Poll: "not unique across
+        # all model repositories"; it does not load, the index says why).
+        found = [repo for repo in self._repositories if name in repo.models()]
+        return found[0] if len(found) == 1 else None
+
+    def _duplicates(self) -> set[str]:
+        """The model names that two or more of the repositories hold."""
+        seen: set[str] = set()
+        twice: set[str] = set()
         for repo in self._repositories:
-            if name in repo.models():
-                return repo
-        return None
+            for name in repo.models():
+                (twice if name in seen else seen).add(name)
+        return twice
 
     def names(self) -> list[str]:
         """Every model name of the repositories, sorted."""
@@ -194,11 +207,17 @@ class Core:
             wanted = self.names()
         else:
             wanted = list(dict.fromkeys(self.options.load_models))
+        duplicates = self._duplicates()
         for name in wanted:
             with self._lock:
                 if name in self._loaded:  # loaded already as an ensemble's composing model
                     self._asked.add(name)  # (and asked for: every model named at start)
                     continue
+            if name in duplicates:
+                self.startup_failures.append(name)
+                log.error("failed to poll model '%s': not unique across all model "
+                          "repositories", name)  # fmt: skip
+                continue
             try:
                 self.load(name, None, {}, startup=True)
             except ServeError as exc:
@@ -211,9 +230,12 @@ class Core:
     def index(self, ready_only: bool) -> list[ModelState]:
         """Triton's repository index: every model of the repositories, with the state and
         version of those that were loaded or failed to load (a row per version)."""
+        duplicates = self._duplicates()
         with self._lock:
             names = self.names()
-            rows = [row for n in names for row in self._states.get(n, [ModelState(n)])]
+            rows = [row for n in names if n not in duplicates
+                    for row in self._states.get(n, [ModelState(n)])]  # fmt: skip
+            rows += [ModelState(n, "", "UNAVAILABLE", _DUPLICATE) for n in duplicates]
             rows += [row for n, r in self._states.items() if n not in names for row in r]
         rows.sort(key=lambda s: (s.name, int(s.version) if s.version.isdigit() else -1))
         return [r for r in rows if r.state == "READY"] if ready_only else rows
