@@ -33,9 +33,11 @@ if TYPE_CHECKING:
         model_timestamp,
         parse_model_version,
     )
+    from pb_tensor.runtime._unloads import BackgroundUnloads
     from pb_tensor.runtime._values import Outputs
 
 __all__ = [
+    "BackgroundUnloads",
     "EnsembleModel",
     "InferFuture",
     "InferenceError",
@@ -55,6 +57,7 @@ __all__ = [
 logging.getLogger("pb_tensor.runtime").addHandler(logging.NullHandler())
 
 _WHERE = {
+    "BackgroundUnloads": "pb_tensor.runtime._unloads",
     "EnsembleModel": "pb_tensor.runtime._ensemble",
     "InferenceError": "pb_tensor.runtime._errors",
     "ModelLoadError": "pb_tensor.runtime._errors",

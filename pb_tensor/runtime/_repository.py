@@ -36,6 +36,7 @@ from pb_tensor.runtime._model_import import (
 )
 from pb_tensor.runtime._scheduling import Instance
 from pb_tensor.runtime._seam import TritonError
+from pb_tensor.runtime._unloads import BackgroundUnloads
 from pb_tensor.runtime._validate import ModelSpec
 from pb_tensor.shm import SharedMemoryPool
 
@@ -245,7 +246,7 @@ class ModelRepository:
         # take no new request meanwhile; close waits for them).
         self._stamps: dict[str, int] = {}
         self._going: set[LoadedModel] = set()
-        self._unloading: set[threading.Thread] = set()
+        self._unloads = BackgroundUnloads()
         self._closed = False
 
     @property
@@ -674,14 +675,10 @@ class ModelRepository:
             finally:
                 with self._lock:
                     self._going.difference_update(models)
-                    self._unloading.discard(thread)
 
-        thread = threading.Thread(target=run, name=f"pb-tensor-unload-{models[0].name}",
-                                  daemon=True)  # fmt: skip
         with self._lock:
             self._going.update(models)
-            self._unloading.add(thread)
-        thread.start()
+        self._unloads.start(models[0].name, run)
 
     def _ready_model(self, name: str, version: int) -> LoadedModel:
         """A loaded model ``name`` (``version``; -1: the latest), else Triton's error for
@@ -713,13 +710,7 @@ class ModelRepository:
     def wait_for_unloads(self) -> None:
         """Wait until the unloads ``pb_utils.unload_model`` (and reloads) started in the
         background have ended (their ``finalize`` ran)."""
-        while True:
-            with self._lock:
-                running = list(self._unloading)
-            if not running:
-                return
-            for thread in running:
-                thread.join()
+        self._unloads.wait()
 
     def close(self) -> None:
         """Unload every model loaded through this repository and remove the pool."""

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pb_tensor.runtime import (
+    BackgroundUnloads,
     EnsembleModel,
     InferenceError,
     LoadedModel,
@@ -159,7 +160,7 @@ class Core:
         # parallel: a lock per model name. Unloads go on in threads of their own after the
         # request returned (AsyncUnload): the server's close waits for them.
         self._control: dict[str, threading.RLock] = {}
-        self._unloading: set[threading.Thread] = set()
+        self._unloads = BackgroundUnloads()
         # The newest modification time in each loaded model's directory, read before it
         # loaded (core's ModelTimestamp): a load request finding it unchanged reloads nothing.
         self._stamps: dict[str, int] = {}
@@ -476,14 +477,8 @@ class Core:
                 self._discard(override)
                 if then is not None:
                     then()
-                with self._lock:
-                    self._unloading.discard(thread)
 
-        thread = threading.Thread(target=run, name=f"pb-tensor-serve-unload-{name}",
-                                  daemon=True)  # fmt: skip
-        with self._lock:
-            self._unloading.add(thread)
-        thread.start()
+        self._unloads.start(name, run)
 
     def _override(self, name: str, repo: ModelRepository | None, config: str,
                   files: Mapping[str, bytes]) -> tuple[ModelRepository, str]:
@@ -739,14 +734,7 @@ class Core:
                 self._unload(name)
             except Exception:
                 log.exception("unloading model '%s' failed", name)
-        # Unloads still going on in the background (Triton's shutdown waits for them too).
-        while True:
-            with self._lock:
-                running = list(self._unloading)
-            if not running:
-                break
-            for thread in running:
-                thread.join()
+        self._unloads.wait()  # (Triton's shutdown waits for the unloads going on too)
         for repo in self._repositories:
             repo.close()
         self._handoff.close()
