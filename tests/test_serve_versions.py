@@ -138,3 +138,34 @@ def test_the_runtime_loads_the_newest_version_the_policy_serves(tmp_path: Path) 
         model = repo.load("add_sub", isolated=False)
         assert model.version == 1
         assert repo.load("add_sub", version=2, isolated=False).version == 2  # asked for
+
+
+def test_the_runtime_reaches_only_the_versions_the_policy_serves(tmp_path: Path) -> None:
+    # Without a server too, a BLS request or an ensemble step naming a version the policy
+    # does not serve fails as in Triton (core's GetModel, CheckNode), where the repository
+    # used to load that version on first use.
+    from runtime_models import ensemble, step
+
+    from pb_tensor.runtime import InferenceError, ModelLoadError, ModelRepository
+
+    root = Path(_repository(tmp_path, [1, 2], "version_policy: { specific { versions: [ 1 ] } }\n"))
+    pinned = ensemble(
+        [step("add_sub", {"INPUT0": "INPUT0", "INPUT1": "INPUT1"},
+              {"OUTPUT0": "OUTPUT0", "OUTPUT1": "OUTPUT1"})],
+        inputs='{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }, '
+               '{ name: "INPUT1" data_type: TYPE_FP32 dims: [ -1 ] }',
+        outputs='{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }, '
+                '{ name: "OUTPUT1" data_type: TYPE_FP32 dims: [ -1 ] }',
+    ).replace("model_version: -1", "model_version: 2")  # fmt: skip
+    (root / "pinned" / "1").mkdir(parents=True)
+    (root / "pinned" / "config.pbtxt").write_text(pinned)
+    with ModelRepository(root) as repo:
+        with pytest.raises(InferenceError) as caught:
+            repo.bls_target("add_sub", 2, False)
+        assert caught.value.message() == (
+            "Request for unknown model: 'add_sub' version 2 is not found")
+        assert repo.bls_target("add_sub", 1, False).version == 1
+        with pytest.raises(ModelLoadError) as failed:
+            repo.load("pinned", isolated=False)
+        assert str(failed.value).endswith(
+            "ensemble 'pinned' depends on 'add_sub' whose required version 2 is not loaded.")

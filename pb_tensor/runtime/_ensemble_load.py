@@ -45,6 +45,18 @@ def check_ensemble_config(config: Any, name: str, model_dir: str) -> None:
         raise ModelLoadError(f"failed to load model '{name}': {exc}") from None
 
 
+def _serves(repository: ModelRepository, name: str, version: int) -> bool:
+    """Whether model ``name``'s version policy serves ``version`` (core's CheckNode needs the
+    version loaded); a malformed configuration is its load's to report."""
+    holder = repository.holder(name)
+    if holder is None:
+        return False
+    try:
+        return version in holder.served_versions(name)
+    except ModelLoadError:
+        return True
+
+
 def _steps_of(repository: ModelRepository, name: str) -> list[str] | None:
     """The models ensemble ``name`` runs on (found in whichever repository holds it); None
     for a model that is no (readable) ensemble."""
@@ -94,9 +106,7 @@ def load_ensemble(
         if cycle is not None:
             raise cycle
         for step_name, step_version in step_models(config):
-            holder = repository.holder(step_name)
-            if step_version > 0 and (holder is None
-                                     or step_version not in holder.versions(step_name)):
+            if step_version > 0 and not _serves(repository, step_name, step_version):
                 raise EnsembleConfigError(
                     f"ensemble '{name}' depends on '{step_name}' whose required version "
                     f"{step_version} is not loaded.")

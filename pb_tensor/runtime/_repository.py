@@ -297,6 +297,16 @@ class ModelRepository:
         Raises:
             ModelLoadError: no such model, or its ``config.pbtxt`` is malformed.
         """
+        model_dir, config = self._read_config(name)
+        return _policy_versions(config, self._version_dirs(model_dir))
+
+    def _read_config(self, name: str) -> tuple[str, Any]:
+        """Model ``name``'s directory and its ``config.pbtxt`` as written (an empty
+        configuration without one).
+
+        Raises:
+            ModelLoadError: no such model directory, or a malformed ``config.pbtxt``.
+        """
         model_dir = os.path.join(self._path, name)
         if not name or os.sep in name or not os.path.isdir(model_dir):
             raise ModelLoadError(
@@ -308,7 +318,7 @@ class ModelRepository:
                       else _schema.new_config())  # fmt: skip
         except _schema.ConfigError as exc:
             raise ModelLoadError(f"failed to load model '{name}': {exc}") from None
-        return _policy_versions(config, self._version_dirs(model_dir))
+        return model_dir, config
 
     @property
     def pool(self) -> SharedMemoryPool:
@@ -348,22 +358,9 @@ class ModelRepository:
             raise ModelLoadError(f"model repository {self._path!r} is closed")
         if isinstance(version, bool) or (version is not None and not isinstance(version, int)):
             raise TypeError(f"version must be an int or None, not {type(version).__name__}")
-        model_dir = os.path.join(self._path, name)
-        if not name or os.sep in name or not os.path.isdir(model_dir):
-            raise ModelLoadError(
-                f"failed to load model '{name}': no model directory {model_dir!r}"
-            )
+        model_dir, config = self._read_config(name)
         with self._lock:
             self._tried.add(name)
-        config_path = os.path.join(model_dir, "config.pbtxt")
-        try:
-            config = (
-                _schema.parse_config_file(config_path)
-                if os.path.isfile(config_path)
-                else _schema.new_config()
-            )
-        except _schema.ConfigError as exc:
-            raise ModelLoadError(f"failed to load model '{name}': {exc}") from None
         _schema.normalize(config, name)
         if is_ensemble(config):
             check_ensemble_config(config, name, model_dir)
@@ -560,6 +557,14 @@ class ModelRepository:
                 raise InferenceError(
                     f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
                 )
+            # A version its policy does not serve is not Triton's to reach (GetModel's error;
+            # a malformed configuration is the load's to report, below).
+            with contextlib.suppress(ModelLoadError):
+                if version > 0 and version not in self.served_versions(name):
+                    raise InferenceError(
+                        f"Request for unknown model: '{name}' version {version} is not found",
+                        TritonError.NOT_FOUND,
+                    )
             try:
                 return self.shared_model(name, version, isolated, timeout)
             except ModelLoadError as exc:
