@@ -228,7 +228,7 @@ def test_a_request_cancelled_while_queued_for_a_worker_is_counted_out(tmp_path: 
         async def main() -> list[Any]:
             tasks = [asyncio.ensure_future(core.infer(model, inputs, None, {}, "", 0, 0))
                      for _ in range(workers + 1)]  # fmt: skip
-            while core.pending("gate") < workers + 1:
+            while core.pending(core.model("gate")) < workers + 1:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.2)  # every worker holds a request: the last one waits
             tasks[-1].cancel()
@@ -239,6 +239,6 @@ def test_a_request_cancelled_while_queued_for_a_worker_is_counted_out(tmp_path: 
         assert isinstance(results[-1], asyncio.CancelledError)
         assert all(list(r.keys()) == ["OUT"] for r in results[:-1])
         assert core.drain(30)
-        assert core.pending("gate") == 0
+        assert core.pending(core.model("gate")) == 0
     finally:
         core.close()

@@ -169,3 +169,21 @@ def test_the_runtime_reaches_only_the_versions_the_policy_serves(tmp_path: Path)
             repo.load("pinned", isolated=False)
         assert str(failed.value).endswith(
             "ensemble 'pinned' depends on 'add_sub' whose required version 2 is not loaded.")
+
+
+def test_pending_requests_are_counted_per_version(tmp_path: Path) -> None:
+    # nv_inference_pending_request_count is per model version in Triton: a request to one
+    # version is not pending in the other.
+    policy = "version_policy: { all { } }\n"
+    with _server(_repository(tmp_path, [1, 2], policy)) as server:
+        core = server.core
+        first, second = core.model("add_sub", "1"), core.model("add_sub", "2")
+        core._enter(second)  # (a request of version 2 in flight)
+        try:
+            assert (core.pending(first), core.pending(second)) == (0, 1)
+            with urllib.request.urlopen(server.metrics_url, timeout=10) as answer:
+                lines = answer.read().decode().splitlines()
+            assert 'nv_inference_pending_request_count{model="add_sub",version="1"} 0' in lines
+            assert 'nv_inference_pending_request_count{model="add_sub",version="2"} 1' in lines
+        finally:
+            core._leave(second)

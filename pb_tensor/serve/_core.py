@@ -165,7 +165,7 @@ class Core:
         # loaded (core's ModelTimestamp): a load request finding it unchanged reloads nothing.
         self._stamps: dict[str, int] = {}
         self._inflight = 0
-        self._pending: dict[str, int] = {}
+        self._pending: dict[tuple[str, int], int] = {}  # per model version
         self.regions = Regions()
         self._handoff = Handoff(max_workers=64, name="pb-tensor-serve-infer")
         self._idle = threading.Condition(self._lock)
@@ -626,7 +626,7 @@ class Core:
         stream = self.stream(model, inputs, requested, parameters, request_id,
                              correlation_id, flags)
         inline = self.options.inline_quick_models and self._inline.allowed(
-            model, self.pending(model.name) == 1)
+            model, self.pending(model) == 1)
 
         def run() -> Outputs | None:
             start = time.perf_counter_ns()
@@ -656,7 +656,7 @@ class Core:
                             requested: Sequence[str] | None, parameters: Mapping[str, Any],
                             request_id: str, correlation_id: int | str, flags: int
                             ) -> Outputs:
-        self._enter(model.name)
+        self._enter(model)
         try:
             try:
                 future = model.infer_async(
@@ -673,7 +673,7 @@ class Core:
             except InferenceError as exc:
                 raise inference_error(exc) from None
         finally:
-            self._leave(model.name)
+            self._leave(model)
 
     def stream(self, model: LoadedModel, inputs: Mapping[str, Any],
                requested: Sequence[str] | None, parameters: Mapping[str, Any],
@@ -693,27 +693,28 @@ class Core:
             raise inference_error(exc) from None
         except (TypeError, ValueError) as exc:
             raise ServeError(str(exc)) from None
-        self._enter(model.name)
+        self._enter(model)
         return stream
 
     def done(self, model: LoadedModel) -> None:
         """A stream from :meth:`stream` on ``model`` ended."""
-        self._leave(model.name)
+        self._leave(model)
 
-    def pending(self, name: str) -> int:
-        """Requests of model ``name`` in flight now."""
+    def pending(self, model: LoadedModel) -> int:
+        """Requests of ``model`` (one model version) in flight now."""
         with self._lock:
-            return self._pending.get(name, 0)
+            return self._pending.get((model.name, model.version), 0)
 
-    def _enter(self, name: str) -> None:
+    def _enter(self, model: LoadedModel) -> None:
         with self._lock:
             self._inflight += 1
-            self._pending[name] = self._pending.get(name, 0) + 1
+            key = (model.name, model.version)
+            self._pending[key] = self._pending.get(key, 0) + 1
 
-    def _leave(self, name: str) -> None:
+    def _leave(self, model: LoadedModel) -> None:
         with self._lock:
             self._inflight -= 1
-            self._pending[name] -= 1
+            self._pending[(model.name, model.version)] -= 1
             if self._inflight == 0:
                 self._idle.notify_all()
 

@@ -87,5 +87,5 @@ def metric_lines(core: Core) -> list[str]:
         lines.append("# TYPE nv_inference_pending_request_count gauge")
         for model in models:
             lines.append(f'nv_inference_pending_request_count{{model="{model.name}",'
-                         f'version="{model.version}"}} {core.pending(model.name)}')
+                         f'version="{model.version}"}} {core.pending(model)}')
     return lines
