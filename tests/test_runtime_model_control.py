@@ -171,3 +171,24 @@ def test_close_waits_for_unloads_in_the_background(root: Path) -> None:
 
         threading.Thread(target=release, daemon=True).start()
     assert _log(root)[-1] == "fin-end"
+
+
+@pytest.mark.parametrize("isolated", [False, True], ids=["in_process", "stub"])
+def test_load_updates_instances_in_place(root: Path, isolated: bool) -> None:
+    """A load after a change of ``instance_group`` alone updates the loaded copy's instances
+    (core's ``UpdateInstanceGroup``): the new instance initializes, the first one keeps
+    serving (no reload, no finalize); the model's files changing reloads it again."""
+    config = root / "models" / "target" / "config.pbtxt"
+    with ModelRepository(root / "models") as repo:
+        caller = repo.load("caller", isolated=isolated, timeout=60)
+        assert _calls(caller, "load_model", "bls") == ["ok", 1]
+        config.write_text(IDENTITY_CONFIG + "instance_group [ { count: 2 kind: KIND_CPU } ]\n")
+        now = time.time_ns() + 1_000_000
+        os.utime(config, ns=(now, now))
+        assert _calls(caller, "load_model", "load_model") == ["ok", "ok"]
+        assert _log(root) == ["init", "init"]
+        assert set(_calls(caller, *["bls"] * 8)) <= {1, 2}
+        _touch(root)
+        assert _calls(caller, "load_model") == ["ok"]
+        _until_logged(root, "fin-end")
+        assert _log(root)[:4] == ["init", "init", "init", "init"]

@@ -34,6 +34,11 @@ if TYPE_CHECKING:
         parse_model_version,
     )
     from pb_tensor.runtime._unloads import BackgroundUnloads
+    from pb_tensor.runtime._updates import (
+        config_change_requires_reload,
+        model_timestamps,
+        version_modified,
+    )
     from pb_tensor.runtime._values import Outputs
 
 __all__ = [
@@ -47,9 +52,12 @@ __all__ = [
     "Outputs",
     "ResponseStream",
     "ServerModels",
+    "config_change_requires_reload",
     "example_repository",
     "model_timestamp",
+    "model_timestamps",
     "parse_model_version",
+    "version_modified",
 ]
 
 # Library convention: the runtime's records reach only the handlers the application installs
@@ -70,6 +78,9 @@ _WHERE = {
     "InferFuture": "pb_tensor.runtime._calls",
     "ResponseStream": "pb_tensor.runtime._calls",
     "Outputs": "pb_tensor.runtime._values",
+    "config_change_requires_reload": "pb_tensor.runtime._updates",
+    "model_timestamps": "pb_tensor.runtime._updates",
+    "version_modified": "pb_tensor.runtime._updates",
 }
 
 

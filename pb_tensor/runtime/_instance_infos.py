@@ -9,7 +9,7 @@ from pb_tensor.runtime import _schema
 from pb_tensor.runtime._host import HostInfo
 from pb_tensor.runtime._host_policy import HostPolicies, cpu_cores, policy_name
 
-__all__ = ["host_infos"]
+__all__ = ["host_infos", "instance_signatures"]
 
 
 def host_infos(
@@ -37,3 +37,24 @@ def host_infos(
                     cpus=cpu_cores(cores) if cores else (),
                 ))  # fmt: skip
     return infos
+
+
+def instance_signatures(config: Any) -> list[tuple[bytes, int]]:
+    """The signature of each instance :func:`host_infos` gives for ``config``, in its order:
+    what an instance update matches existing instances by (core's
+    ``TritonModelInstance::Signature``: the group's configuration but for its name and count,
+    and the instance's device)."""
+    signatures = []
+    for group in config.instance_group:
+        kind_enum = group.DESCRIPTOR.fields_by_name["kind"].enum_type
+        kind = kind_enum.values_by_number[group.kind].name.removeprefix("KIND_")
+        devices = [int(g) for g in group.gpus] if kind == "GPU" else [0]
+        normalized = type(group)()
+        normalized.CopyFrom(group)
+        normalized.name = ""
+        normalized.count = 1
+        key = normalized.SerializeToString(deterministic=True)
+        for _ in range(group.count):
+            for device_id in devices:
+                signatures.append((key, device_id))
+    return signatures

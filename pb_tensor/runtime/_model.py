@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -11,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
+from pb_tensor.runtime import _schema
 from pb_tensor.runtime._bls import StubBls
 from pb_tensor.runtime._calls import (
     FutureSink,
@@ -20,13 +22,15 @@ from pb_tensor.runtime._calls import (
     start,
     stream_outputs,
 )
-from pb_tensor.runtime._engines import StubEngine
-from pb_tensor.runtime._errors import InferenceError, model_control_error
+from pb_tensor.runtime._engines import StubEngine, StubFailure
+from pb_tensor.runtime._errors import InferenceError, ModelLoadError, model_control_error
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._inprocess import InProcessEngine
+from pb_tensor.runtime._model_import import UserModelError
 from pb_tensor.runtime._placement import all_host, gpu_refusal
 from pb_tensor.runtime._scheduling import (
     Instance,
+    InstanceFactory,
     Scheduler,
     Statistics,
     merge_metrics,
@@ -36,7 +40,7 @@ from pb_tensor.runtime._seam import (
     InferenceRequest,
     TritonError,
 )
-from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply
+from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, acts_for
 from pb_tensor.runtime._validate import (
     ModelSpec,
     array_tensors,
@@ -91,6 +95,13 @@ class LoadedModel:
         self._scheduler: Scheduler | None = None
         self._instances: list[Instance] = []
         self._lock = threading.Lock()
+        # What an instance update needs (set by the repository; None: the model has none).
+        self._factory: InstanceFactory | None = None
+        self._updating = threading.Lock()  # one instance update at a time
+        # The configuration the repository gave this copy (normalized, before
+        # auto_complete_config): what a later load compares to decide between an instance
+        # update and a reload (core's ConfigChangeRequiresReload).
+        self.source_config: Any = None
         self._stub_bls = StubBls(self.bls_data_replies)
         self._in_process = False
         self._copy_inputs = False
@@ -99,7 +110,8 @@ class LoadedModel:
             if io.dtype != TritonDtype.TYPE_BYTES:
                 self._input_dtypes[io.name] = triton_to_numpy_type(io.dtype)
 
-    def _attach(self, instances: list[Instance]) -> None:
+    def _attach(self, instances: list[Instance], factory: InstanceFactory | None = None) -> None:
+        self._factory = factory
         engine = instances[0].engine
         eager = isinstance(engine, InProcessEngine) and not self._decoupled
         # In-process models receive copies of the caller's arrays (as Triton's do, through
@@ -123,6 +135,11 @@ class LoadedModel:
     def version(self) -> int:
         """The loaded version."""
         return self._version
+
+    @property
+    def repository(self) -> ModelRepository:
+        """The repository that loaded this model."""
+        return self._repository
 
     @property
     def config(self) -> dict[str, Any]:
@@ -532,10 +549,12 @@ class LoadedModel:
         scheduler = self._scheduler
         if scheduler is None:
             return
-        for instance in self._instances:
+        for instance in list(self._instances):
             held = scheduler.instances.hold(instance)
             if held is None:
-                return
+                if scheduler.instances.closed:
+                    return
+                continue  # an update removed it meanwhile
             try:
                 yield instance
             finally:
@@ -567,6 +586,106 @@ class LoadedModel:
             if not ready:
                 return False
         return checked
+
+    def update_instance_group(self, instance_group: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+        """Change the model's instances to ``instance_group`` (its configuration's JSON
+        form) without reloading it, as Triton's core updates a loaded model whose
+        configuration changed only there (``TritonModel::UpdateInstanceGroup``): each
+        instance the new groups ask for reuses an existing one of the same signature (its
+        group's settings but for name and count, and its device), keeping its name, its
+        model object and its state; the others start (``initialize``) before the update
+        takes effect; the instances left over stop (``finalize``) before this returns, once
+        the batch each one runs ended (under the sequence batcher, an instance with
+        sequences keeps them and stops in the background once the last one ended; an
+        instance running the calling thread's own request, in the background once that
+        ended). Requests keep running meanwhile, and the statistics go on. A ``count``
+        below 1 counts as 1.
+
+        Returns:
+            How many instances started and how many were removed.
+
+        Raises:
+            ModelLoadError: the groups are invalid (Triton's message), or a new instance
+                failed to start; the model then keeps its instances, unchanged.
+            TypeError: ``instance_group`` is not a list of groups.
+        """
+        groups: object = instance_group  # (checked: callers may pass anything)
+        if not isinstance(groups, list | tuple) or not all(isinstance(g, Mapping) for g in groups):
+            raise TypeError("instance_group must be a list of mappings (the configuration's "
+                            f"JSON form), not {instance_group!r}")  # fmt: skip
+        where = f"model '{self._name}' version {self._version}"
+        with self._updating:
+            scheduler, factory = self._scheduler, self._factory
+            if scheduler is None or scheduler.instances.closed or factory is None:
+                raise ModelLoadError(f"failed to update the instances of {where}: the model "
+                                     "is not loaded")  # fmt: skip
+            current = _schema.config_from_dict(self._config, where=where)
+            wanted = json.loads(json.dumps(self._config))
+            wanted["instance_group"] = [dict(g) for g in instance_group]
+            try:
+                final = _schema.config_from_dict(wanted, where=where)
+                _schema.normalize_instance_groups(final, factory.gpu_count)
+            except _schema.ConfigError as exc:
+                raise ModelLoadError(str(exc)) from None
+            # A new instance's initialize sees the model's configuration as it is until the
+            # update takes effect (core creates the instances first).
+            config_json = _schema.config_to_json(current)
+            existing: dict[object, list[Instance]] = {}
+            for instance in self._instances:
+                existing.setdefault(instance.signature, []).append(instance)
+            placed: list[Instance | None] = []
+            starting: list[tuple[int, object, Any]] = []
+            for info, signature in factory.plan(final):
+                reusable = existing.get(signature)
+                if reusable:  # core takes the last one of that signature
+                    placed.append(reusable.pop())
+                else:
+                    starting.append((len(placed), signature,
+                                     dataclasses.replace(info, config_json=config_json)))
+                    placed.append(None)
+            removed = [i for group in existing.values() for i in group]
+            try:
+                started = factory.start([info for _, _, info in starting]) if starting else []
+            except (StubFailure, UserModelError, ModelLoadError) as exc:
+                raise ModelLoadError(str(exc)) from None
+            for (at, signature, _), instance in zip(starting, started):
+                instance.signature = signature
+                placed[at] = instance
+            instances = [i for i in placed if i is not None]
+            # A removed instance that runs a batch stops once the batch ended, and the update
+            # waits for it (core destroys it in CommitInstances, whose destructor joins its
+            # backend thread), unless the batch is the calling thread's own request (a model
+            # updating itself: it goes in the background then), or the sequence batcher
+            # keeps it for its sequences (it goes when the last one ended).
+            freed: list[Instance] = []
+            state = threading.Condition()
+            waiting = [True]
+
+            def retired(instance: Instance) -> None:
+                with state:
+                    if waiting[0]:
+                        freed.append(instance)
+                        state.notify_all()
+                        return
+                factory.retire(instance)
+
+            sequenced = scheduler.sequencer is not None
+            now = scheduler.update(instances, started, removed,
+                                   factory.retire if sequenced else retired)  # fmt: skip
+            self._instances = instances
+            self._config["instance_group"] = _schema.config_to_dict(final)["instance_group"]
+            awaited = [] if sequenced else [
+                i for i in removed if i not in now
+                and not (i.owner not in (None, 0) and acts_for(i.owner))
+            ]  # fmt: skip
+            with state:
+                while not all(any(i is f for f in freed) for i in awaited):
+                    state.wait()
+                waiting[0] = False
+                now = [*now, *freed]
+        for instance in now:
+            instance.engine.stop()
+        return len(started), len(removed)
 
     def unload(self) -> None:
         """Call the model's ``finalize`` in every instance and stop their stubs; queued

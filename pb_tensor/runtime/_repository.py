@@ -25,7 +25,7 @@ from pb_tensor.runtime._host_policy import (
     check_host_policies,
 )
 from pb_tensor.runtime._inprocess import InProcessEngine
-from pb_tensor.runtime._instance_infos import host_infos
+from pb_tensor.runtime._instance_infos import host_infos, instance_signatures
 from pb_tensor.runtime._local_backend import LocalBackend
 from pb_tensor.runtime._model import LoadedModel
 from pb_tensor.runtime._model_import import (
@@ -34,9 +34,14 @@ from pb_tensor.runtime._model_import import (
     model_class,
     run_auto_complete,
 )
-from pb_tensor.runtime._scheduling import Instance
+from pb_tensor.runtime._scheduling import Instance, InstanceFactory
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._unloads import BackgroundUnloads
+from pb_tensor.runtime._updates import (
+    config_change_requires_reload,
+    model_timestamps,
+    version_modified,
+)
 from pb_tensor.runtime._validate import ModelSpec
 from pb_tensor.shm import SharedMemoryPool
 
@@ -245,6 +250,9 @@ class ModelRepository:
         # the copies being unloaded in the background (an unload returns once started; they
         # take no new request meanwhile; close waits for them).
         self._stamps: dict[str, int] = {}
+        # The directory timestamps of each model whose BLS copies loaded (core's
+        # ModelTimestamp): a version whose files did not change is updated, not reloaded.
+        self._timestamps: dict[str, dict[str, int]] = {}
         self._going: set[LoadedModel] = set()
         self._unloads = BackgroundUnloads()
         self._closed = False
@@ -299,6 +307,18 @@ class ModelRepository:
         """
         model_dir, config = self._read_config(name)
         return _policy_versions(config, self._version_dirs(model_dir))
+
+    def read_config(self, name: str) -> Any:
+        """Model ``name``'s configuration as a load reads it, normalized, before
+        ``auto_complete_config`` (a ``ModelConfig`` message): what a later load compares with
+        the one a loaded copy came from to decide between an instance update and a reload.
+
+        Raises:
+            ModelLoadError: no such model directory, or a malformed ``config.pbtxt``.
+        """
+        _, config = self._read_config(name)
+        _schema.normalize(config, name)
+        return config
 
     def _read_config(self, name: str) -> tuple[str, Any]:
         """Model ``name``'s directory and its ``config.pbtxt`` as written (an empty
@@ -422,35 +442,83 @@ class ModelRepository:
             _schema.normalize(final, name)
             _schema.normalize_instance_groups(final, _gpu_count)
             _schema.validate(final, model_dir)
-            infos = [
-                dataclasses.replace(
-                    info, bf16_as_numpy=self._bf16_as_numpy, share_inputs=self._share_inputs,
-                    pb_tensor_extras=self._pb_tensor_extras,
-                )
-                for info in host_infos(final, name, version, model_dir, model_path,
-                                        self._host_policies)
-            ]
-            if not isolated:  # not bound, but refused where Triton's binding would fail
-                for cpus in {info.cpus for info in infos if info.cpus}:
-                    check_binding(cpus)
+
+            def plan(groups: Any) -> list[tuple[HostInfo, object]]:
+                infos = [
+                    dataclasses.replace(
+                        info, bf16_as_numpy=self._bf16_as_numpy,
+                        share_inputs=self._share_inputs, pb_tensor_extras=self._pb_tensor_extras,
+                    )
+                    for info in host_infos(groups, name, version, model_dir, model_path,
+                                            self._host_policies)
+                ]  # fmt: skip
+                if not isolated:  # not bound, but refused where Triton's binding would fail
+                    for cpus in {info.cpus for info in infos if info.cpus}:
+                        check_binding(cpus)
+                return list(zip(infos, instance_signatures(groups)))
+
+            planned = plan(final)
+            infos = [info for info, _ in planned]
             model = LoadedModel(
                 self, name=name, version=version, config=_schema.config_to_dict(final),
                 spec=ModelSpec.from_config(final), isolated=isolated,
                 decoupled=infos[0].decoupled, instance_name=infos[0].instance_name,
                 timeout=timeout,
             )  # fmt: skip
+            model.source_config = config
             holder.append(model)
-            if isolated:
-                model._attach(self._start_stubs(engines, infos, model_path, name,
-                                                on_stub_message))  # fmt: skip
-            else:
+            in_process_cls: type = object
+            if not isolated:
                 if cls is None:  # unreachable: set on the in-process path above
                     raise UserModelError("the model class was not loaded")
-                model._attach([
-                    Instance(InProcessEngine(info, cls, LocalBackend(model, info)),
+                in_process_cls = cls
+
+            def start(more: list[HostInfo]) -> list[Instance]:
+                """Instances for an update of the model's instance groups."""
+                if isolated:
+                    started: list[StubEngine] = [
+                        StubEngine(self.pool, model_path, name, on_stub_message)
+                    ]
+                    try:
+                        started[0].spawn(None)
+                        return self._start_stubs(started, more, model_path, name,
+                                                 on_stub_message)  # fmt: skip
+                    except BaseException:
+                        for engine in started:
+                            engine.kill()
+                        raise
+                made: list[Instance] = []
+                try:
+                    for info in more:
+                        made.append(Instance(
+                            InProcessEngine(info, in_process_cls, LocalBackend(model, info)),
+                            info.instance_name,
+                        ))  # fmt: skip
+                except BaseException:
+                    for instance in made:
+                        instance.engine.stop()
+                    raise
+                return made
+
+            def retire(instance: Instance) -> None:
+                def stop() -> None:
+                    instance.engine.stop()  # (a finalize error is the stub's to log)
+
+                self._unloads.start(name, stop)
+
+            factory = InstanceFactory(plan, start, retire, _gpu_count)
+            if isolated:
+                instances = self._start_stubs(engines, infos, model_path, name,
+                                              on_stub_message)  # fmt: skip
+            else:
+                instances = [
+                    Instance(InProcessEngine(info, in_process_cls, LocalBackend(model, info)),
                              info.instance_name)
                     for info in infos
-                ])  # fmt: skip
+                ]  # fmt: skip
+            for instance, (_, signature) in zip(instances, planned):
+                instance.signature = signature
+            model._attach(instances, factory)
         except (StubFailure, UserModelError, _schema.ConfigError, HostPolicyError) as exc:
             for engine in engines:
                 engine.kill()
@@ -522,10 +590,12 @@ class ModelRepository:
             if model is not None and model.loaded:
                 return model
             stamp = model_timestamp(os.path.join(self._path, name))
+            timestamps = model_timestamps(os.path.join(self._path, name))
             model = self.load(name, version=version if version > 0 else None,
                               isolated=isolated, timeout=timeout)
             self._bls[key] = model
             self._stamps.setdefault(name, stamp)
+            self._timestamps.setdefault(name, timestamps)
             return model
 
     def bls_target(
@@ -609,6 +679,7 @@ class ModelRepository:
             with self._lock:
                 going = [self._bls.pop(k) for k in [k for k in self._bls if k[0] == name]]
                 self._stamps.pop(name, None)
+                self._timestamps.pop(name, None)
             self._in_background(going, bool(unload_dependents))
             return None
         if kind == "is_model_ready":
@@ -629,11 +700,13 @@ class ModelRepository:
             InferenceError: the model failed to load (Triton's text).
         """
         stamp = model_timestamp(os.path.join(self._path, name))
+        timestamps = model_timestamps(os.path.join(self._path, name))
         with self._lock:
             copies = {k: m for k, m in self._bls.items() if k[0] == name and m.loaded}
             loaded = any(m.loaded and m.name == name and m.isolated == isolated
                          and m not in self._going for m in self._models)  # fmt: skip
             unchanged = stamp <= self._stamps.get(name, -1)
+            before = self._timestamps.get(name)
         try:
             if not copies:
                 if not loaded:
@@ -643,7 +716,9 @@ class ModelRepository:
                 return
             new: dict[tuple[str, int, bool], LoadedModel] = {}
             try:
-                for key in copies:
+                for key, copy in copies.items():
+                    if self._update(copy, before, timestamps):
+                        continue
                     new[key] = self.load(name, version=key[1] if key[1] > 0 else None,
                                          isolated=key[2])  # fmt: skip
             except ModelLoadError:
@@ -657,7 +732,39 @@ class ModelRepository:
             old = [self._bls[k] for k in new if k in self._bls]
             self._bls.update(new)
             self._stamps[name] = stamp
+            self._timestamps[name] = timestamps
         self._in_background(old)
+
+    def _update(self, copy: LoadedModel, before: dict[str, int] | None,
+                timestamps: dict[str, int]) -> bool:  # fmt: skip
+        """Update ``copy``'s instances to the repository's configuration instead of reloading
+        it, where core would (its version's files unchanged since ``before``, and a new
+        configuration that differs in ``instance_group`` or ``version_policy`` only);
+        whether it did.
+
+        Raises:
+            ModelLoadError: the update failed (Triton's text; the copy is unchanged).
+        """
+        if (before is None or copy.source_config is None or isinstance(copy, EnsembleModel)
+                or version_modified(before, timestamps, copy.version)):  # fmt: skip
+            return False
+        try:
+            config = self.read_config(copy.name)
+        except ModelLoadError:
+            return False  # (the reload reports it)
+        if config_change_requires_reload(copy.source_config, config):
+            return False
+        from google.protobuf import json_format
+
+        groups = [json_format.MessageToDict(g, preserving_proto_field_name=True)
+                  for g in config.instance_group]  # fmt: skip
+        try:
+            copy.update_instance_group(groups)
+        except ModelLoadError as exc:
+            raise ModelLoadError(
+                f"version {copy.version} is at READY state: {exc};") from None  # fmt: skip
+        copy.source_config = config
+        return True
 
     def _in_background(self, models: list[LoadedModel], unload_dependents: bool = False
                        ) -> None:  # fmt: skip

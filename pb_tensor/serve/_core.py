@@ -27,8 +27,11 @@ from pb_tensor.runtime import (
     ModelRepository,
     Outputs,
     ResponseStream,
+    config_change_requires_reload,
     model_timestamp,
+    model_timestamps,
     parse_model_version,
+    version_modified,
 )
 from pb_tensor.serve._errors import (
     INTERNAL,
@@ -110,6 +113,15 @@ def parse_version(text: str) -> int:
     return version
 
 
+def json_groups(config: Any) -> list[dict[str, Any]]:
+    """The ``instance_group`` of ``config`` (a ``ModelConfig`` message) in the
+    configuration's JSON form."""
+    from google.protobuf import json_format
+
+    return [json_format.MessageToDict(group, preserving_proto_field_name=True)
+            for group in config.instance_group]  # fmt: skip
+
+
 def inference_error(exc: InferenceError) -> ServeError:
     """The runtime's error as a front-door error (same message and code)."""
     return ServeError(exc.message(), int(exc.code()))
@@ -164,6 +176,9 @@ class Core:
         # The newest modification time in each loaded model's directory, read before it
         # loaded (core's ModelTimestamp): a load request finding it unchanged reloads nothing.
         self._stamps: dict[str, int] = {}
+        # Each loaded model's directory timestamps when it loaded (core's ModelTimestamp):
+        # a version whose own files did not change since is updated, not reloaded.
+        self._timestamps: dict[str, dict[str, int]] = {}
         self._inflight = 0
         self._pending: dict[tuple[str, int], int] = {}  # per model version
         self.regions = Regions()
@@ -385,6 +400,9 @@ class Core:
                     self._asked.add(name)
                 return [], [], None
         override: tuple[ModelRepository, str] | None = None
+        # The directory whose files the new copies run: the repository's, also under a
+        # configuration override without files (core keeps the model's path then).
+        source = repo
         try:
             if config is not None:
                 override = self._override(name, repo, config, files)
@@ -401,19 +419,31 @@ class Core:
                     f"load failed for model '{name}': --strict-model-config=true needs "
                     f"{config_path}\n"
                 )
+            in_place = not files and source is not None
+            timestamps = model_timestamps(
+                os.path.join((source if in_place and source is not None else repo).path, name)
+            )
             loaded: dict[int, LoadedModel] = {}
+            updated: dict[int, LoadedModel] = {}
             version: int | None = None
             try:
                 # Every version its version policy serves (core's VersionsToLoad); none: the
                 # load's own error says so.
                 wanted: list[int | None] = [*repo.served_versions(name)] or [None]
                 for version in wanted:
+                    current = (self._updatable(name, repo, version, timestamps) if in_place
+                               else None)  # fmt: skip
+                    if current is not None:
+                        self._update(name, current.version, current, repo)
+                        updated[current.version] = loaded[current.version] = current
+                        continue
                     model = repo.load(name, version=version,
                                       isolated=not self.options.in_process)  # fmt: skip
                     loaded[model.version] = model
             except ModelLoadError as exc:
                 for model in loaded.values():  # a version failed: the new copies go
-                    model.unload()
+                    if model not in updated.values():
+                        model.unload()
                 if serving is None:
                     self._failed(name, repo, version, str(exc))
                 # else: Triton's "model availability claim": the loaded copy goes on
@@ -422,9 +452,17 @@ class Core:
         except BaseException:
             self._discard(override)
             raise
+        if override is not None and all(m.repository is not override[0]
+                                        for m in loaded.values()):  # fmt: skip
+            # Every version was updated in place: the override gave only the configuration.
+            self._discard(override)
+            override = None
         latest = loaded[max(loaded)]
         with self._lock:
-            old = list(self._served.get(name, {}).values())
+            self._timestamps[name] = timestamps
+            # (a copy updated in place goes on serving: it is no old copy)
+            old = [m for m in self._served.get(name, {}).values()
+                   if all(m is not kept for kept in updated.values())]  # fmt: skip
             old_override = self._overrides.pop(name, None)
             if kept is not None and old_override is kept:
                 old_override, override = None, kept  # (the new copy keeps it)
@@ -445,6 +483,48 @@ class Core:
             dependents = [e for e, needs in self._depends.items()
                           if name in needs and e != name and e in self._loaded]  # fmt: skip
         return dependents, old, old_override
+
+    def _updatable(self, name: str, repo: ModelRepository, version: int | None,
+                   timestamps: dict[str, int]) -> LoadedModel | None:  # fmt: skip
+        """The serving copy of ``name`` ``version`` that this load updates in place rather
+        than reloads (core's ``AsyncLoad``): a model (no ensemble) whose version directory
+        and other files (``config.pbtxt`` aside) did not change since it loaded, and whose
+        new configuration differs from its own in ``instance_group`` and
+        ``version_policy`` only. None: the version loads anew."""
+        with self._lock:
+            current = self._served.get(name, {}).get(version) if version is not None else None
+            before = self._timestamps.get(name)
+            override = self._overrides.get(name)
+        if override is not None and current is not None and current.repository is override[0]:
+            return None  # it runs from an override's copy of the files: a load replaces it
+        if (current is None or isinstance(current, EnsembleModel) or not current.loaded
+                or before is None or current.source_config is None
+                or version is None or version_modified(before, timestamps, version)):  # fmt: skip
+            return None
+        try:
+            config = repo.read_config(name)
+        except ModelLoadError:
+            return None  # (the load reports it)
+        if config_change_requires_reload(current.source_config, config):
+            return None
+        return current
+
+    @staticmethod
+    def _update(name: str, version: int, model: LoadedModel, repo: ModelRepository) -> None:
+        """Update the instances of ``model`` to the configuration ``repo`` has for ``name``
+        (core's ``UpdateModelConfig``).
+
+        Raises:
+            ModelLoadError: Triton's text for a version whose update failed (it keeps
+                serving, its instances unchanged).
+        """
+        config = repo.read_config(name)
+        groups = json_groups(config)
+        try:
+            model.update_instance_group(groups)
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"version {version} is at READY state: {exc};") from None
+        model.source_config = config
 
     def _failed(self, name: str, repo: ModelRepository, version: int | None,
                 error: str) -> None:  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pb_tensor.runtime._scheduling._batch_policy import BatchPolicy, batch_policy
 from pb_tensor.runtime._scheduling._batcher import DynamicBatcher
-from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
+from pb_tensor.runtime._scheduling._instances import Instance, InstanceFactory, InstanceSet
 from pb_tensor.runtime._scheduling._scheduler import Scheduler, unloaded_error
 from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
 from pb_tensor.runtime._scheduling._sequence_policy import SequencePolicy, sequence_policy
@@ -16,6 +16,7 @@ __all__ = [
     "BatchPolicy",
     "DynamicBatcher",
     "Instance",
+    "InstanceFactory",
     "InstanceSet",
     "Scheduler",
     "SequenceBatcher",

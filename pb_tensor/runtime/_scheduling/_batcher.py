@@ -247,7 +247,8 @@ class DynamicBatcher:
             self._execute(instance, batch, lease, [], held)
             del batch  # (the caller's data is not kept while the next batch runs)
             with self._cond:
-                if not self._closed and any(self._queues):
+                if (not self._closed and any(self._queues)
+                        and not self._instances.retiring(instance)):  # fmt: skip
                     following = self._form(wait=False)
                     if following:
                         self._hand(instance, following)
@@ -342,19 +343,28 @@ class DynamicBatcher:
                     # next batch itself when one is ready (no hand-off to the batcher's
                     # thread and back); one that must wait for the queue delay is left to
                     # the batcher's thread.
-                    batch = self._ready()
+                    batch = self._ready(instance)
             finally:
                 _deliver(previous)  # delivered already, unless the engine's run raised early
                 _deliver(held)
                 if lease is not None:
                     lease.end()  # releases the instance (nothing if the batch detached)
 
-    def _ready(self) -> list[Pending]:
-        """The next batch when one can leave the queue now, else nothing."""
+    def _ready(self, instance: Instance) -> list[Pending]:
+        """The next batch for ``instance`` when one can leave the queue now, else nothing
+        (always nothing for an instance an update removed)."""
         with self._cond:
-            if self._closed or not any(self._queues):
+            if self._closed or not any(self._queues) or self._instances.retiring(instance):
                 return []
             return self._form(wait=False)
+
+    def retire(self, instance: Instance) -> None:
+        """An update removed ``instance``: its thread ends after the batch it runs (if any),
+        and a batch formed from now on goes to another instance."""
+        with self._cond:
+            work = self._workers.pop(id(instance), None)
+            if work is not None:
+                work.put(None)
 
     def _expire(self, now_ns: int) -> None:
         """Drop cancelled requests and reject timed-out ones (``ApplyPolicyAtCursor``)."""

@@ -7,13 +7,17 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from pb_tensor.runtime._engines import Engine
 from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._host import HostInfo
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import acts_for
 
-__all__ = ["Instance", "InstanceSet", "Lease"]
+__all__ = ["Instance", "InstanceFactory", "InstanceSet", "Lease"]
 
 # How long a thread whose own request holds every instance waits for one to come free before
 # it is refused (a wait that would otherwise be a deadlock); see InstanceSet.acquire.
@@ -22,14 +26,31 @@ _SELF_WAIT_GRACE = 1.0
 
 class Instance:
     """One instance: its engine (a stub process or an in-process model object), Triton's
-    name for it, and the thread using it (None while idle)."""
+    name for it, the thread using it (None while idle) and its ``signature``: what an
+    instance update matches it by (core's ``TritonModelInstance::Signature``: its group's
+    configuration but for name and count, and its device)."""
 
-    __slots__ = ("engine", "name", "owner")
+    __slots__ = ("engine", "name", "owner", "signature")
 
-    def __init__(self, engine: Engine, name: str) -> None:
+    def __init__(self, engine: Engine, name: str, signature: object = None) -> None:
         self.engine = engine
         self.name = name
         self.owner: int | None = None
+        self.signature = signature
+
+
+@dataclass(frozen=True)
+class InstanceFactory:
+    """How a loaded model makes instances for an instance update: ``plan`` gives the
+    instances a completed configuration asks for (each one's host information and
+    signature, in Triton's order), ``start`` starts instances (raising as a load does),
+    ``retire`` stops a removed instance in the background, ``gpu_count`` counts the GPUs a
+    ``KIND_GPU`` group may use."""
+
+    plan: Callable[[Any], list[tuple[HostInfo, object]]]
+    start: Callable[[list[HostInfo]], list[Instance]]
+    retire: Callable[[Instance], None]
+    gpu_count: Callable[[], int]
 
 
 class InstanceSet:
@@ -54,6 +75,9 @@ class InstanceSet:
         # without them a release wakes one waiter in acquire() (any of them can take the
         # idle instance), not every one of them.
         self._watchers = 0
+        # Instances an update removed while they ran a batch: they take no other and go to
+        # their callback (which stops them) once that batch released them.
+        self._retiring: dict[int, tuple[Instance, Callable[[Instance], None]]] = {}
 
     @property
     def instances(self) -> list[Instance]:
@@ -155,9 +179,12 @@ class InstanceSet:
     def hold(self, instance: Instance) -> bool | None:
         """Wait until ``instance`` is idle and use it (to ask its stub something between
         requests): True (release it after), False when the current thread's own request
-        uses it (shared: nothing to release), None once the model is unloaded."""
+        uses it (shared: nothing to release), None once the model is unloaded or an update
+        removed the instance."""
         with self._lock:
             while not self._closed:
+                if all(i is not instance for i in self._all):
+                    return None  # an update removed it
                 if instance.owner is not None and acts_for(instance.owner):
                     return False
                 if instance in self._idle:
@@ -177,14 +204,49 @@ class InstanceSet:
             self._watchers -= 1
 
     def release(self, instance: Instance) -> None:
-        """``instance`` is idle again."""
+        """``instance`` is idle again (or, removed by an update meanwhile, goes to the
+        update's callback)."""
         with self._lock:
             instance.owner = None
-            self._idle.append(instance)
+            retired = self._retiring.pop(id(instance), None) if self._retiring else None
+            if retired is None:
+                self._idle.append(instance)
             if self._watchers or self._closed:
                 self._cond.notify_all()
             elif self._waiting:
                 self._cond.notify()
+        if retired is not None:
+            retired[1](instance)
+
+    def retiring(self, instance: Instance) -> bool:
+        """Whether an update removed ``instance`` while it ran a batch (it takes no other)."""
+        return id(instance) in self._retiring
+
+    def update(
+        self, instances: list[Instance], removed: list[Instance],
+        retire: Callable[[Instance], None],
+    ) -> list[Instance]:
+        """An instance update (core's ``CommitInstances``): ``instances`` are the model's
+        instances from now on (the new ones idle); of ``removed``, the idle ones are given
+        back now (for the caller to stop), the busy ones go to ``retire`` once their batch
+        released them. Nothing changes once the set is closed (every instance is stopped
+        with it).
+        """
+        now: list[Instance] = []
+        with self._lock:
+            if self._closed:
+                return []
+            known = {id(i) for i in self._all}
+            for instance in removed:
+                if instance in self._idle:
+                    self._idle.remove(instance)
+                    now.append(instance)
+                else:
+                    self._retiring[id(instance)] = (instance, retire)
+            self._idle.extend(i for i in instances if id(i) not in known)
+            self._all = list(instances)
+            self._cond.notify_all()
+        return now
 
     def detach(self, instance: Instance) -> int:
         """``instance`` is idle again while its user (the thread that took it) still reads
@@ -194,8 +256,12 @@ class InstanceSet:
             owner = instance.owner if instance.owner is not None else threading.get_ident()
             self._background.append(owner)
             instance.owner = None
-            self._idle.append(instance)
+            retired = self._retiring.pop(id(instance), None) if self._retiring else None
+            if retired is None:
+                self._idle.append(instance)
             self._cond.notify_all()
+        if retired is not None:
+            retired[1](instance)
         return owner
 
     def finish(self, token: int) -> None:
@@ -212,11 +278,15 @@ class InstanceSet:
             self._closed = True
             self._cond.notify_all()
             while any(
-                i.owner is not None and not acts_for(i.owner) for i in self._all
+                i.owner is not None and not acts_for(i.owner)
+                for i in (*self._all, *(r[0] for r in self._retiring.values()))
             ) or any(not acts_for(owner) for owner in self._background):
                 self._watch()
             self._idle.clear()
-            return list(self._all)
+            # (an instance that retired meanwhile went to its callback, which stops it)
+            retiring = [r[0] for r in self._retiring.values()]
+            self._retiring.clear()
+            return [*self._all, *retiring]
 
 
 class Lease:

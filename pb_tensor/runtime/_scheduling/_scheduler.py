@@ -217,6 +217,33 @@ class Scheduler:
             else:
                 self.stats.success(size, start_ns, exec_start, exec_start, end, end, end)
 
+    def update(
+        self, instances: list[Instance], added: list[Instance], removed: list[Instance],
+        stop: Callable[[Instance], None],
+    ) -> list[Instance]:
+        """An instance update (core's ``UpdateInstanceGroup`` once the new instances exist):
+        ``instances`` serve from now on (``added`` among them); of ``removed``, those idle
+        (with no sequence, under the sequence batcher) are given back for the caller to stop
+        now, and ``stop`` gets each other one once its batch (or its last sequence) ended,
+        as Triton lets a removed instance finish its work."""
+        if self.sequencer is not None:
+
+            def free(instance: Instance) -> None:
+                # Its last sequence ended: it leaves the set like a busy instance.
+                current = [i for i in self.instances.instances if i is not instance]
+                for gone in self.instances.update(current, [instance], stop):
+                    stop(gone)
+
+            ready = self.sequencer.update(added, removed, free)
+            later = [i for i in removed if i not in ready]
+            # The instances still running sequences stay in the set until then.
+            return self.instances.update([*instances, *later], ready, stop)
+        for batcher in (self.batcher, self.solo):
+            if batcher is not None:
+                for instance in removed:
+                    batcher.retire(instance)
+        return self.instances.update(instances, removed, stop)
+
     def close(self) -> list[Instance]:
         """Fail queued requests, wait for running ones, and give every instance (for
         stopping)."""

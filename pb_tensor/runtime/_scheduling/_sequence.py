@@ -105,6 +105,10 @@ class SequenceBatcher:
         self._backlog: deque[_Sequence] = deque()
         self._next_id = 1  # iterative sequences' own correlation ids
         self._threads: list[threading.Thread] = []
+        # Indexes of the instances an update removed: they take no new sequence, and each
+        # goes to ``_retire`` (with its thread) once its last sequence ended.
+        self._retired: set[int] = set()
+        self._retire: Callable[[Instance], None] | None = None
 
     # -- callers ------------------------------------------------------------------------------
     def _refusal(self, data: RequestData) -> InferenceError | None:
@@ -230,10 +234,38 @@ class SequenceBatcher:
             del self._active[corrid]
         return None
 
+    def update(self, added: list[Instance], removed: list[Instance],
+               retire: Callable[[Instance], None]) -> list[Instance]:  # fmt: skip
+        """An instance update (core's ``SequenceBatchScheduler::Update``): ``added`` take
+        sequences from now on; of ``removed``, those without a sequence are given back now,
+        the others keep theirs until each ended and then go to ``retire``."""
+        now: list[Instance] = []
+        with self._cond:
+            self._retire = retire
+            for instance in removed:
+                index = next(i for i, known in enumerate(self._all) if known is instance)
+                self._retired.add(index)
+                if not self._slotted[index]:
+                    now.append(instance)
+            for instance in added:
+                self._all.append(instance)
+                self._slotted.append([])
+                if self._threads:
+                    self._start_thread(len(self._all) - 1)
+            while self._backlog and self._has_free_slot():
+                self._place(self._backlog.popleft())
+            self._cond.notify_all()
+        return now
+
+    def _has_free_slot(self) -> bool:
+        return any(len(s) < self._policy.slots for i, s in enumerate(self._slotted)
+                   if i not in self._retired)  # fmt: skip
+
     def _place(self, sequence: _Sequence) -> None:
-        """Give ``sequence`` a free slot (the instance with the most free slots), else put
-        it in the backlog."""
-        free = [self._policy.slots - len(s) for s in self._slotted]
+        """Give ``sequence`` a free slot (the instance with the most free slots, of those
+        no update removed), else put it in the backlog."""
+        free = [-1 if i in self._retired else self._policy.slots - len(s)
+                for i, s in enumerate(self._slotted)]  # fmt: skip
         best = max(range(len(free)), key=lambda i: (free[i], -i))
         if free[best] > 0:
             used = {s.slot for s in self._slotted[best]}
@@ -252,9 +284,15 @@ class SequenceBatcher:
             if sequence in self._backlog:
                 self._backlog.remove(sequence)
             return
-        self._slotted[sequence.instance].remove(sequence)
+        index = sequence.instance
+        self._slotted[index].remove(sequence)
         sequence.instance = None
-        if self._backlog:
+        if index in self._retired:
+            if not self._slotted[index] and self._retire is not None:
+                # (its thread ends at its next look at the queue; the instance goes once the
+                # batch that ended the sequence released it)
+                self._retire(self._all[index])
+        elif self._backlog:
             self._place(self._backlog.popleft())
         self._cond.notify_all()
 
@@ -308,11 +346,15 @@ class SequenceBatcher:
     def _start_threads(self) -> None:
         if self._threads or self._closed:
             return
-        for index, instance in enumerate(self._all):
-            thread = threading.Thread(target=self._loop, args=(index,), daemon=True,
-                                      name=f"pb-tensor-sequence-{instance.name}")  # fmt: skip
-            self._threads.append(thread)
-            thread.start()
+        for index in range(len(self._all)):
+            if index not in self._retired:
+                self._start_thread(index)
+
+    def _start_thread(self, index: int) -> None:
+        thread = threading.Thread(target=self._loop, args=(index,), daemon=True,
+                                  name=f"pb-tensor-sequence-{self._all[index].name}")  # fmt: skip
+        self._threads.append(thread)
+        thread.start()
 
     def _form(self, index: int) -> list[tuple[_Sequence, _Pending] | None]:
         """The next batch of instance ``index`` (one request per sequence: oldest first, or,
@@ -321,6 +363,8 @@ class SequenceBatcher:
         condition held."""
         policy = self._policy
         while not self._closed:
+            if index in self._retired and not self._slotted[index]:
+                return []  # an update removed the instance and its last sequence ended
             now = time.monotonic_ns()
             self._reap(now)
             ready: list[tuple[_Sequence, _Pending]] = []
