@@ -6,6 +6,7 @@ import http.client
 import importlib.util
 import json
 import os
+import socket
 from typing import Any
 
 import pytest
@@ -20,6 +21,17 @@ needs_serve = pytest.mark.skipif(
     reason=f"pb-tensor serve needs the serve extra and tritonclient[http,grpc] (missing: "
            f"{', '.join(_MISSING)})",
 )  # fmt: skip
+
+
+def port_free(port: int) -> bool:
+    """Whether this machine's loopback port ``port`` can be bound now (upstream's clients
+    hard-code 8000-8002: their tests skip when one is taken)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def raw(url: str, method: str, path: str, body: bytes | None = None,

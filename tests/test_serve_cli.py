@@ -8,7 +8,6 @@ import importlib.util
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_support import REPO_ROOT, needs_serve, raw
+from serve_support import REPO_ROOT, needs_serve, port_free, raw
 from upstream_models import EXAMPLES, repository
 
 pytestmark = needs_serve
@@ -140,18 +139,9 @@ def test_start_errors() -> None:
     assert "error: creating server: failed to load all models" in failing.stderr
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_python_backend_example_clients(tmp_path: Any) -> None:
     """python_backend's examples/*/client.py, unchanged, against ``serve`` on 8000-8002."""
-    taken = [p for p in (8000, 8001, 8002) if not _port_free(p)]
+    taken = [p for p in (8000, 8001, 8002) if not port_free(p)]
     if taken:
         pytest.skip(f"the example clients use ports 8000-8002; taken here: {taken}")
     files = {name: (EXAMPLES / py, EXAMPLES / cfg if cfg else None)

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from serve_support import REPO_ROOT, needs_serve
+from serve_support import REPO_ROOT, needs_serve, port_free
 from upstream_models import UPSTREAM
 
 pytestmark = needs_serve
@@ -60,15 +59,6 @@ _CASES = [
 ]
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def _layout(work: Path) -> None:
     """``test.sh``'s ``setup_models``."""
     models = work / "models"
@@ -91,7 +81,7 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes]) -> None:
 
 @pytest.mark.parametrize("mode", ["stub processes", "in-process"])
 def test_instance_update(tmp_path: Path, mode: str) -> None:
-    taken = [p for p in (8000, 8001, 8002) if not _port_free(p)]
+    taken = [p for p in (8000, 8001, 8002) if not port_free(p)]
     if taken:
         pytest.skip(f"instance_update_test.py uses ports 8000-8002; taken here: {taken}")
     _layout(tmp_path)

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
-from pb_tensor.runtime import _schema
 from pb_tensor.runtime._bls import StubBls
 from pb_tensor.runtime._calls import (
     FutureSink,
@@ -613,6 +612,9 @@ class LoadedModel:
         if not isinstance(groups, list | tuple) or not all(isinstance(g, Mapping) for g in groups):
             raise TypeError("instance_group must be a list of mappings (the configuration's "
                             f"JSON form), not {instance_group!r}")  # fmt: skip
+        # (protobuf, which reading configurations needs, is no dependency of the stubs)
+        from pb_tensor.runtime import _schema
+
         where = f"model '{self._name}' version {self._version}"
         with self._updating:
             scheduler, factory = self._scheduler, self._factory
@@ -672,6 +674,11 @@ class LoadedModel:
             sequenced = scheduler.sequencer is not None
             now = scheduler.update(instances, started, removed,
                                    factory.retire if sequenced else retired)  # fmt: skip
+            if now is None:  # the model began to unload meanwhile
+                for instance in started:
+                    instance.engine.stop()
+                raise ModelLoadError(f"failed to update the instances of {where}: the model "
+                                     "is not loaded")  # fmt: skip
             self._instances = instances
             self._config["instance_group"] = _schema.config_to_dict(final)["instance_group"]
             awaited = [] if sequenced else [

@@ -225,17 +225,17 @@ class InstanceSet:
     def update(
         self, instances: list[Instance], removed: list[Instance],
         retire: Callable[[Instance], None],
-    ) -> list[Instance]:
+    ) -> list[Instance] | None:
         """An instance update (core's ``CommitInstances``): ``instances`` are the model's
         instances from now on (the new ones idle); of ``removed``, the idle ones are given
         back now (for the caller to stop), the busy ones go to ``retire`` once their batch
-        released them. Nothing changes once the set is closed (every instance is stopped
-        with it).
+        released them. None, changing nothing, once the set is closed (the model unloads:
+        the caller stops the new instances it made).
         """
         now: list[Instance] = []
         with self._lock:
             if self._closed:
-                return []
+                return None
             known = {id(i) for i in self._all}
             for instance in removed:
                 if instance in self._idle:

@@ -220,18 +220,21 @@ class Scheduler:
     def update(
         self, instances: list[Instance], added: list[Instance], removed: list[Instance],
         stop: Callable[[Instance], None],
-    ) -> list[Instance]:
+    ) -> list[Instance] | None:
         """An instance update (core's ``UpdateInstanceGroup`` once the new instances exist):
         ``instances`` serve from now on (``added`` among them); of ``removed``, those idle
         (with no sequence, under the sequence batcher) are given back for the caller to stop
         now, and ``stop`` gets each other one once its batch (or its last sequence) ended,
-        as Triton lets a removed instance finish its work."""
+        as Triton lets a removed instance finish its work. None, changing nothing, once the
+        model is unloading."""
+        if self.instances.closed:
+            return None
         if self.sequencer is not None:
 
             def free(instance: Instance) -> None:
                 # Its last sequence ended: it leaves the set like a busy instance.
                 current = [i for i in self.instances.instances if i is not instance]
-                for gone in self.instances.update(current, [instance], stop):
+                for gone in self.instances.update(current, [instance], stop) or ():
                     stop(gone)
 
             ready = self.sequencer.update(added, removed, free)
