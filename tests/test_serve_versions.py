@@ -100,17 +100,29 @@ def test_the_version_policy_decides_the_versions_served(
 
 
 def test_a_policy_that_serves_no_version_fails_the_load(tmp_path: Path) -> None:
+    """Core's ``AsyncLoad`` refuses such a load before it records a version: the load fails
+    with its text, the index has no row for the model (its record has no version), and a
+    request gets ``has no available versions``."""
     import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
 
     policy = "version_policy: { specific { versions: [ 7 ] } }\n"
-    with _server(_repository(tmp_path, [1, 2], policy), exit_on_error=False) as server:
+    with _server(_repository(tmp_path, [1, 2], policy), "explicit",
+                 exit_on_error=False) as server:  # fmt: skip
         client = httpclient.InferenceServerClient(server.http_url)
-        assert not client.is_model_ready("add_sub")
-        (row,) = [m for m in client.get_model_repository_index() if m["name"] == "add_sub"]
-        assert row["state"] == "UNAVAILABLE"
-        assert row["reason"].endswith(
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model("add_sub")
+        assert caught.value.message().endswith(
             "at least one version must be available under the version policy of model "
-            "'add_sub'")
+            "'add_sub'\n")
+        assert not client.is_model_ready("add_sub")
+        assert [m for m in client.get_model_repository_index() if m["name"] == "add_sub"] == []
+        given = httpclient.InferInput("INPUT0", [4], "FP32")
+        given.set_data_from_numpy(np.zeros(4, np.float32))
+        with pytest.raises(InferenceServerException,
+                           match="Request for unknown model: 'add_sub' has no available "
+                                 "versions"):  # fmt: skip
+            client.infer("add_sub", [given, given])
 
 
 def test_unloading_a_model_unloads_every_version(tmp_path: Path) -> None:

@@ -426,10 +426,12 @@ class Core:
             loaded: dict[int, LoadedModel] = {}
             updated: dict[int, LoadedModel] = {}
             version: int | None = None
+            served: list[int] | None = None
             try:
                 # Every version its version policy serves (core's VersionsToLoad); none: the
                 # load's own error says so.
-                wanted: list[int | None] = [*repo.served_versions(name)] or [None]
+                served = repo.served_versions(name)
+                wanted: list[int | None] = [*served] or [None]
                 for version in wanted:
                     current = (self._updatable(name, repo, version, timestamps) if in_place
                                else None)  # fmt: skip
@@ -444,7 +446,12 @@ class Core:
                 for model in loaded.values():  # a version failed: the new copies go
                     if model not in updated.values():
                         model.unload()
-                if serving is None:
+                if serving is None and served == []:
+                    # Core's AsyncLoad refuses before it records any version: the model has
+                    # no row in the index ("has no available versions" for requests).
+                    with self._lock:
+                        self._states[name] = []
+                elif serving is None:
                     self._failed(name, repo, version, str(exc))
                 # else: Triton's "model availability claim": the loaded copy goes on
                 # serving, as it was (ModelLifeCycle::OnLoadFinal).
