@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,6 +170,31 @@ def test_unload_dependents_keeps_what_another_ensemble_runs_on(explicit: Any) ->
     assert _states(client)["add_sub"][0] == "READY"
     client.unload_model("a_twice", unload_dependents=True)
     assert _states(client)["add_sub"][0] == "UNAVAILABLE"
+
+
+def test_cascaded_unloads_take_each_models_lock(explicit: Any) -> None:
+    """Triton locks every model an unload touches: the composing model that goes with its
+    ensemble (``unload_dependents``) waits while a load or unload of that model holds its
+    lock, and an ensemble dropped with its composing model waits for the ensemble's."""
+    server, client = explicit
+    core = server.core
+
+    def state(name: str) -> str:
+        # (read from the core: tritonclient.http's gevent client stalls while another thread
+        # of this process waits on a lock)
+        return next(s.state for s in core.index(False) if s.name == name)
+
+    for held, unload, waits in (("add_sub", "twice", "add_sub"),
+                                ("twice", "add_sub", "twice")):  # fmt: skip
+        client.load_model("twice")
+        with core._control_lock(held):
+            thread = threading.Thread(
+                target=lambda u=unload: core.unload(u, unload_dependents=True))
+            thread.start()
+            time.sleep(0.5)
+            assert state(waits) == "READY"  # (its lock is held: its unload waits)
+        thread.join(30)
+        assert state(waits) in ("UNLOADING", "UNAVAILABLE")
 
 
 def test_a_composing_model_that_fails_to_reload_keeps_serving(explicit: Any) -> None:

@@ -626,26 +626,33 @@ class Core:
                 UNAVAILABLE,
             )
         with self._control_lock(name):
-            self._unload(name, unload_dependents, background=True)
+            dropped = self._unload(name, unload_dependents, background=True)
+        self._drop_ensembles(dropped, background=True)
 
-    def _drop_ensembles(self, ensembles: list[str], reason: Callable[[str], str],
-                        background: bool = False) -> None:  # fmt: skip
-        """Unload ``ensembles`` (a composing model of theirs went), each with Triton's reason
-        (``reason(ensemble)``) in the index once unloaded."""
-        for ensemble in ensembles:
-            self._unload(ensemble, background=background, reason=reason(ensemble))
+    def _drop_ensembles(self, dropped: list[tuple[str, str]], background: bool = False) -> None:
+        """Unload the ensembles of ``dropped`` (a composing model of theirs went), each with
+        its reason (Triton's) in the index once unloaded, and, in turn, the ensembles that run
+        on them. Each under its own lock, taken with no other held: a load takes an ensemble's
+        lock before its composing models' (composing_model), so this one must not be taken
+        while a composing model's is held."""
+        while dropped:
+            ensemble, reason = dropped.pop(0)
+            with self._control_lock(ensemble):
+                dropped += self._unload(ensemble, background=background, reason=reason)
 
     def _ensembles_on(self, name: str) -> list[str]:
         """The loaded ensembles whose steps run on model ``name`` (called with the lock)."""
         return [e for e, steps in self._depends.items() if name in steps and e in self._loaded]
 
     def _unload(self, name: str, unload_dependents: bool = False, background: bool = False,
-                reason: str = "unloaded") -> None:  # fmt: skip
-        """Unload ``name``, and the ensembles that run on it (with Triton's reason); with
-        ``unload_dependents``, an ensemble's composing models that were loaded with it (not
-        asked for) and that no other loaded ensemble runs on go with it, in turn.
-        ``background``: the model is ``UNLOADING`` until its unloading, in a thread of its
-        own, ended."""
+                reason: str = "unloaded") -> list[tuple[str, str]]:  # fmt: skip
+        """Unload ``name`` (its lock held); with ``unload_dependents``, an ensemble's
+        composing models that were loaded with it (not asked for) and that no other loaded
+        ensemble runs on go with it, in turn, each under its own lock too (Triton locks every
+        model a request touches). ``background``: the model is ``UNLOADING`` until its
+        unloading, in a thread of its own, ended. Returns the ensembles that ran on the
+        models unloaded, with Triton's reason, for :meth:`_drop_ensembles` once the lock is
+        let go."""
         with self._lock:
             self._loaded.pop(name, None)
             models = list(self._served.pop(name, {}).values())
@@ -665,13 +672,14 @@ class Core:
                 m for m in needs if m in self._loaded and m not in self._asked
                 and not any(m in steps for e, steps in self._depends.items()
                             if e in self._loaded)]  # fmt: skip
-        self._drop_ensembles(ensembles, lambda e: f"ensemble {e} contains models that are not "
-                             f"available or ambiguous: {name}", background)  # fmt: skip
+        dropped = [(e, f"ensemble {e} contains models that are not available or ambiguous: "
+                       f"{name}") for e in ensembles]  # fmt: skip
         for dependent in composing:
-            self._unload(dependent, unload_dependents=True, background=background)
+            with self._control_lock(dependent):
+                dropped += self._unload(dependent, unload_dependents=True, background=background)
         if not models:
             self._discard(override)
-            return
+            return dropped
 
         def unloaded() -> None:
             with self._lock:
@@ -681,13 +689,14 @@ class Core:
 
         if background:
             self._in_background(name, models, override, unloaded)
-            return
+            return dropped
         try:
             for model in models:  # (an ensemble's composing models are the server's: above)
                 model.unload()
         finally:
             self._discard(override)
             unloaded()
+        return dropped
 
     # -- requests -----------------------------------------------------------------------------
     async def infer(self, model: LoadedModel, inputs: Mapping[str, Any],
@@ -819,7 +828,7 @@ class Core:
             names = list(self._loaded)
         for name in names:
             try:
-                self._unload(name)
+                self._unload(name)  # (the ensembles on it are among the names)
             except Exception:
                 log.exception("unloading model '%s' failed", name)
         self._unloads.wait()  # (Triton's shutdown waits for the unloads going on too)
