@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from pb_tensor.runtime._unloads import BackgroundUnloads
     from pb_tensor.runtime._updates import (
         config_change_requires_reload,
+        instance_groups,
         model_timestamps,
         version_modified,
     )
@@ -54,6 +55,7 @@ __all__ = [
     "ServerModels",
     "config_change_requires_reload",
     "example_repository",
+    "instance_groups",
     "model_timestamp",
     "model_timestamps",
     "parse_model_version",
@@ -79,6 +81,7 @@ _WHERE = {
     "ResponseStream": "pb_tensor.runtime._calls",
     "Outputs": "pb_tensor.runtime._values",
     "config_change_requires_reload": "pb_tensor.runtime._updates",
+    "instance_groups": "pb_tensor.runtime._updates",
     "model_timestamps": "pb_tensor.runtime._updates",
     "version_modified": "pb_tensor.runtime._updates",
 }

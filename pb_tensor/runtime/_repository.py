@@ -39,6 +39,7 @@ from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._unloads import BackgroundUnloads
 from pb_tensor.runtime._updates import (
     config_change_requires_reload,
+    instance_groups,
     model_timestamps,
     version_modified,
 )
@@ -754,12 +755,8 @@ class ModelRepository:
             return False  # (the reload reports it)
         if config_change_requires_reload(copy.source_config, config):
             return False
-        from google.protobuf import json_format
-
-        groups = [json_format.MessageToDict(g, preserving_proto_field_name=True)
-                  for g in config.instance_group]  # fmt: skip
         try:
-            copy.update_instance_group(groups)
+            copy.update_instance_group(instance_groups(config))
         except ModelLoadError as exc:
             raise ModelLoadError(
                 f"version {copy.version} is at READY state: {exc};") from None  # fmt: skip

@@ -9,7 +9,12 @@ import contextlib
 import os
 from typing import Any
 
-__all__ = ["config_change_requires_reload", "model_timestamps", "version_modified"]
+__all__ = [
+    "config_change_requires_reload",
+    "instance_groups",
+    "model_timestamps",
+    "version_modified",
+]
 
 _CONFIG = "config.pbtxt"
 
@@ -67,3 +72,12 @@ def config_change_requires_reload(old: Any, new: Any) -> bool:
         config.ClearField("instance_group")
         config.ClearField("version_policy")
     return bool(a != b)
+
+
+def instance_groups(config: Any) -> list[dict[str, Any]]:
+    """The ``instance_group`` of ``config`` (a ``ModelConfig`` message) in the
+    configuration's JSON form, as ``LoadedModel.update_instance_group`` takes it."""
+    from google.protobuf import json_format
+
+    return [json_format.MessageToDict(group, preserving_proto_field_name=True)
+            for group in config.instance_group]  # fmt: skip

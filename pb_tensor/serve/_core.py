@@ -28,6 +28,7 @@ from pb_tensor.runtime import (
     Outputs,
     ResponseStream,
     config_change_requires_reload,
+    instance_groups,
     model_timestamp,
     model_timestamps,
     parse_model_version,
@@ -111,15 +112,6 @@ def parse_version(text: str) -> int:
             "value > 0"
         )
     return version
-
-
-def json_groups(config: Any) -> list[dict[str, Any]]:
-    """The ``instance_group`` of ``config`` (a ``ModelConfig`` message) in the
-    configuration's JSON form."""
-    from google.protobuf import json_format
-
-    return [json_format.MessageToDict(group, preserving_proto_field_name=True)
-            for group in config.instance_group]  # fmt: skip
 
 
 def inference_error(exc: InferenceError) -> ServeError:
@@ -526,9 +518,8 @@ class Core:
                 serving, its instances unchanged).
         """
         config = repo.read_config(name)
-        groups = json_groups(config)
         try:
-            model.update_instance_group(groups)
+            model.update_instance_group(instance_groups(config))
         except ModelLoadError as exc:
             raise ModelLoadError(f"version {version} is at READY state: {exc};") from None
         model.source_config = config
