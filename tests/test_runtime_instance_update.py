@@ -41,6 +41,9 @@ class TritonPythonModel:
         out = []
         for request in requests:
             sleep = float(pb_utils.get_input_tensor_by_name(request, "SLEEP").as_numpy()[0])
+            if sleep < 0:  # the model loads itself (its configuration changed meanwhile)
+                pb_utils.load_model("m")
+                sleep = 0.0
             time.sleep(sleep)
             out.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("NAME", np.array([self.name.encode()], dtype=np.object_))]))
@@ -227,12 +230,12 @@ def test_sequences_stay_on_removed_instances_until_they_end(tmp_path: Path) -> N
 
 
 # -- serve ---------------------------------------------------------------------------------------
-def _server(root: Path) -> Any:
+def _server(root: Path, in_process: bool = True) -> Any:
     from pb_tensor.serve import Options, Server
 
     options = Options([str(root)], http_port=0, grpc_port=0, metrics_port=0,
                       allow_metrics=False, allow_grpc=False, model_control_mode="explicit",
-                      load_models=["m"])  # fmt: skip
+                      load_models=["m"], in_process=in_process)  # fmt: skip
     return Server(options)
 
 
@@ -309,3 +312,32 @@ def test_serve_config_override_updates_in_place(tmp_path: Path) -> None:
         client.load_model("m")
         assert _log(tmp_path) == ["init m_0_0", "init m_0_1"]
         assert client.get_model_config("m")["instance_group"][0]["count"] == 2
+
+
+@needs_serve
+@pytest.mark.parametrize("in_process", [True, False], ids=["in_process", "stub"])
+def test_a_model_that_removes_its_own_instance(tmp_path: Path, in_process: bool) -> None:
+    """A model whose request loads it (``pb_utils.load_model``) after its configuration lost
+    an instance, the very one running that request: the update does not wait for that
+    request (it would wait on itself); the instance finalizes in the background once the
+    request ended."""
+    import tritonclient.http as httpclient
+
+    root = _write(tmp_path, "instance_group [ { count: 2 kind: KIND_CPU } ]")
+    with _server(root, in_process) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        config = root / "m" / "config.pbtxt"
+        config.write_text(config.read_text().replace("count: 2", "count: 1"))
+        _touch(config)
+        given = httpclient.InferInput("SLEEP", [1], "FP32")
+        given.set_data_from_numpy(np.array([-1.0], np.float32))
+        # (the first idle instance takes it: m_0_0, the one the update removes)
+        answer = client.infer("m", [given])
+        assert answer.as_numpy("NAME")[0] == b"m_0_0"
+        deadline = time.monotonic() + 30
+        while "fini m_0_0" not in _log(tmp_path):
+            assert time.monotonic() < deadline, _log(tmp_path)
+            time.sleep(0.05)
+        assert _log(tmp_path) == ["init m_0_0", "init m_0_1", "fini m_0_0"]
+        given.set_data_from_numpy(np.zeros(1, np.float32))
+        assert client.infer("m", [given]).as_numpy("NAME")[0] == b"m_0_1"
