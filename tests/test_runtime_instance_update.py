@@ -44,7 +44,11 @@ class TritonPythonModel:
             if sleep < 0:  # the model loads itself (its configuration changed meanwhile)
                 pb_utils.load_model("m")
                 sleep = 0.0
+            if sleep:
+                self.log("run " + self.name)
             time.sleep(sleep)
+            if sleep:
+                self.log("ran " + self.name)
             out.append(pb_utils.InferenceResponse([
                 pb_utils.Tensor("NAME", np.array([self.name.encode()], dtype=np.object_))]))
         return out
@@ -171,11 +175,15 @@ def test_removal_waits_for_the_batch_of_a_busy_instance(tmp_path: Path) -> None:
                    for _ in range(2)]  # fmt: skip
         for t in running:
             t.start()
-        time.sleep(0.3)  # both instances run a request now
-        start = time.monotonic()
+        deadline = time.monotonic() + 30
+        while sorted(_log(tmp_path)) != ["init m_0_0", "init m_0_1", "run m_0_0", "run m_0_1"]:
+            assert time.monotonic() < deadline, _log(tmp_path)  # both run a request now
+            time.sleep(0.01)
         assert model.update_instance_group([_cpu(1)]) == (0, 1)
-        assert time.monotonic() - start > 0.4  # it waited for the removed one's request
-        assert "fini m_0_0" in _log(tmp_path)
+        # When the update returned, the removed instance had finished its request, then
+        # finalized (no finalize while it ran, none left for later).
+        log = _log(tmp_path)
+        assert log.index("ran m_0_0") < log.index("fini m_0_0")
         for t in running:
             t.join()
         assert sorted(names) == ["m_0_0", "m_0_1"]

@@ -30,14 +30,15 @@ if TYPE_CHECKING:
         ModelRepository,
         ServerModels,
         example_repository,
-        model_timestamp,
         parse_model_version,
     )
     from pb_tensor.runtime._unloads import BackgroundUnloads
     from pb_tensor.runtime._updates import (
         config_change_requires_reload,
         instance_groups,
+        model_timestamp,
         model_timestamps,
+        newest_time,
         version_modified,
     )
     from pb_tensor.runtime._values import Outputs
@@ -58,6 +59,7 @@ __all__ = [
     "instance_groups",
     "model_timestamp",
     "model_timestamps",
+    "newest_time",
     "parse_model_version",
     "version_modified",
 ]
@@ -76,7 +78,8 @@ _WHERE = {
     "ServerModels": "pb_tensor.runtime._repository",
     "example_repository": "pb_tensor.runtime._repository",
     "parse_model_version": "pb_tensor.runtime._repository",
-    "model_timestamp": "pb_tensor.runtime._repository",
+    "model_timestamp": "pb_tensor.runtime._updates",
+    "newest_time": "pb_tensor.runtime._updates",
     "InferFuture": "pb_tensor.runtime._calls",
     "ResponseStream": "pb_tensor.runtime._calls",
     "Outputs": "pb_tensor.runtime._values",

@@ -41,6 +41,7 @@ from pb_tensor.runtime._updates import (
     config_change_requires_reload,
     instance_groups,
     model_timestamps,
+    newest_time,
     version_modified,
 )
 from pb_tensor.runtime._validate import ModelSpec
@@ -116,21 +117,6 @@ def model_version_of(text: str) -> int:
             "should be an integral value > 0", TritonError.INVALID_ARG,
         )  # fmt: skip
     return value
-
-
-def model_timestamp(path: str) -> int:
-    """The newest modification time (ns) of model directory ``path`` and everything under
-    it (core's ``ModelTimestamp``): a loaded model is reloaded only when this grew since it
-    loaded. -1 when it cannot be read."""
-    try:
-        newest = os.stat(path).st_mtime_ns
-        for root, dirs, files in os.walk(path):
-            for entry in (*dirs, *files):
-                with contextlib.suppress(OSError):
-                    newest = max(newest, os.stat(os.path.join(root, entry)).st_mtime_ns)
-    except OSError:
-        return -1
-    return newest
 
 
 def _policy_versions(config: Any, versions: list[int]) -> list[int]:
@@ -590,12 +576,11 @@ class ModelRepository:
             model = self._bls.get(key)
             if model is not None and model.loaded:
                 return model
-            stamp = model_timestamp(os.path.join(self._path, name))
             timestamps = model_timestamps(os.path.join(self._path, name))
             model = self.load(name, version=version if version > 0 else None,
                               isolated=isolated, timeout=timeout)
             self._bls[key] = model
-            self._stamps.setdefault(name, stamp)
+            self._stamps.setdefault(name, newest_time(timestamps))
             self._timestamps.setdefault(name, timestamps)
             return model
 
@@ -700,8 +685,8 @@ class ModelRepository:
         Raises:
             InferenceError: the model failed to load (Triton's text).
         """
-        stamp = model_timestamp(os.path.join(self._path, name))
         timestamps = model_timestamps(os.path.join(self._path, name))
+        stamp = newest_time(timestamps)
         with self._lock:
             copies = {k: m for k, m in self._bls.items() if k[0] == name and m.loaded}
             loaded = any(m.loaded and m.name == name and m.isolated == isolated

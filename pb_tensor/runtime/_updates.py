@@ -12,7 +12,9 @@ from typing import Any
 __all__ = [
     "config_change_requires_reload",
     "instance_groups",
+    "model_timestamp",
     "model_timestamps",
+    "newest_time",
     "version_modified",
 ]
 
@@ -42,6 +44,18 @@ def model_timestamps(path: str) -> dict[str, int]:
     except OSError:
         return {}
     return stamps
+
+
+def newest_time(stamps: dict[str, int]) -> int:
+    """The newest of :func:`model_timestamps`' times (core's ``GetModifiedTime``): a loaded
+    model is reloaded (or updated) only when it grew since it loaded; -1 for none."""
+    return max(stamps.values(), default=-1)
+
+
+def model_timestamp(path: str) -> int:
+    """The newest modification time (ns) of model directory ``path`` and everything under
+    it: ``newest_time(model_timestamps(path))``; -1 when it cannot be read."""
+    return newest_time(model_timestamps(path))
 
 
 def _version_time(stamps: dict[str, int], version: int) -> int:

@@ -29,8 +29,8 @@ from pb_tensor.runtime import (
     ResponseStream,
     config_change_requires_reload,
     instance_groups,
-    model_timestamp,
     model_timestamps,
+    newest_time,
     parse_model_version,
     version_modified,
 )
@@ -379,7 +379,10 @@ class Core:
             raise ServeError(
                 f"failed to load '{name}', failed to poll from model repository", INTERNAL
             )
-        stamp = -1 if repo is None else model_timestamp(os.path.join(repo.path, name))
+        # (core's ModelTimestamp of the repository's directory: its newest time decides
+        # whether anything changed, its entries which versions did)
+        timestamps = {} if repo is None else model_timestamps(os.path.join(repo.path, name))
+        stamp = newest_time(timestamps)
         with self._lock:
             serving = self._loaded.get(name)
             # Triton reloads a loaded model only when the request overrides its configuration
@@ -412,9 +415,8 @@ class Core:
                     f"{config_path}\n"
                 )
             in_place = not files and source is not None
-            timestamps = model_timestamps(
-                os.path.join((source if in_place and source is not None else repo).path, name)
-            )
+            if not in_place:  # the new copies run files of the override's directory
+                timestamps = model_timestamps(os.path.join(repo.path, name))
             loaded: dict[int, LoadedModel] = {}
             updated: dict[int, LoadedModel] = {}
             version: int | None = None

@@ -32,11 +32,11 @@ class Instance:
 
     __slots__ = ("engine", "name", "owner", "signature")
 
-    def __init__(self, engine: Engine, name: str, signature: object = None) -> None:
+    def __init__(self, engine: Engine, name: str) -> None:
         self.engine = engine
         self.name = name
         self.owner: int | None = None
-        self.signature = signature
+        self.signature: object = None  # (set by whoever made it, from its group)
 
 
 @dataclass(frozen=True)
