@@ -192,17 +192,22 @@ def test_bls_async_exec_and_model_ready(repo: tuple[ModelRepository, bool]) -> N
 
 
 def test_is_ready(repo: tuple[ModelRepository, bool], caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.ERROR, logger="pb_tensor.runtime")
+    caplog.set_level(logging.DEBUG, logger="pb_tensor.runtime")
     with _load(repo, "readiness") as model:
         assert model.is_ready() is True
         model.infer({"IN": np.array([0], np.int32)})
         assert model.is_ready() is False
+        # core's verbose line, with python_backend's error for a False answer
+        assert caplog.records[-1].getMessage() == (
+            "Model 'readiness' version 1 is not ready: Model 'readiness_0' is not ready "
+            "(user-defined check failed)."
+        )
         model.infer({"IN": np.array([1], np.int32)})
         assert model.is_ready() is True
         model.infer({"IN": np.array([2], np.int32)})
         assert model.is_ready() is False
         assert caplog.records[-1].getMessage() == (
-            "readiness check of model 'readiness' failed: is_ready() must return a boolean value"
+            "Model 'readiness' version 1 is not ready: is_ready() must return a boolean value"
         )
     assert model.is_ready() is False  # unloaded
     with _load(repo, "raises") as other:

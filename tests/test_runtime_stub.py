@@ -4,6 +4,7 @@ memory, record release, model control from a model."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import textwrap
@@ -163,14 +164,16 @@ def test_cancel_reaches_a_long_running_execute(tmp_path: Path) -> None:
 
 
 def test_readiness_of_a_stub_that_died_after_the_liveness_check(
-    repo_dir: Path, monkeypatch: pytest.MonkeyPatch
+    repo_dir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The race CI met: the stub passed the liveness check and was gone before the readiness
     # question reached it (the channel's send failed with a broken pipe). Not ready, with
-    # the stub's end; before, the channel's error escaped from is_ready().
+    # python_backend's text; before, the channel's error escaped from is_ready(). (A model
+    # with an is_ready() of its own: without one, a check asks the stub nothing.)
     from pb_tensor.runtime._channel import ChannelClosed
 
-    with ModelRepository(repo_dir) as r, r.load("crash", timeout=60) as model:
+    caplog.set_level(logging.DEBUG, logger="pb_tensor.runtime")
+    with ModelRepository(repo_dir) as r, r.load("readiness", timeout=60) as model:
         pid = model.pid
         assert pid is not None
         (instance,) = model._instances
@@ -183,6 +186,10 @@ def test_readiness_of_a_stub_that_died_after_the_liveness_check(
         os.kill(pid, 9)
         monkeypatch.setattr(channel, "send", broken)
         assert model.is_ready() is False
+    assert any(
+        r.getMessage().startswith("Model 'readiness' version 1 is not ready: Stub process ")
+        and "is not healthy" in r.getMessage() for r in caplog.records
+    )
 
 
 def test_model_control_from_a_model(tmp_path: Path, repo_dir: Path) -> None:

@@ -221,13 +221,14 @@ def test_flags_take_tritonservers_spellings() -> None:
         "--allow-metrics", "0", "--exit-on-error=false", "--strict-model-config",
         "--model-control-mode=explicit", "--load-model", "m1", "--load-model=*",
         "--http-port", "9000", "--grpc-address", "0.0.0.0", "--log-verbose", "1",
-        "--http-max-input-size", "1024", "--in-process",
+        "--http-max-input-size", "1024", "--in-process", "--strict-readiness=false",
     ])  # fmt: skip
     options = options_from_args(args)
     assert options.model_repositories == ["a", "b"]
     assert (options.allow_http, options.allow_grpc, options.allow_metrics) == (
         False, True, False)
     assert (options.exit_on_error, options.strict_model_config) == (False, True)
+    assert options.strict_readiness is False  # (tritonserver's default: true)
     assert (options.model_control_mode, options.load_models) == ("explicit", ["m1", "*"])
     assert (options.http_port, options.grpc_port, options.metrics_port) == (9000, 8001, 8002)
     assert (options.http_address, options.grpc_address) == ("127.0.0.1", "0.0.0.0")

@@ -20,13 +20,18 @@ from typing import Any
 from pb_tensor import Tensor
 from pb_tensor.runtime._channel import Channel, ChannelClosed, Message
 
-__all__ = ["BATCH_KINDS", "CALL_REPLIES", "Demux", "NoAnswer"]
+__all__ = ["BATCH_KINDS", "CALL_REPLIES", "READINESS", "Demux", "NoAnswer"]
 
 BATCH_KINDS = frozenset(("response", "done"))
 """Messages about one batch: their body ends with the batch id."""
 
-CALL_REPLIES = frozenset(("loaded", "failed", "ready", "ready_state", "metrics", "finalized"))
+CALL_REPLIES = frozenset(("loaded", "failed", "ready", "metrics", "finalized"))
 """The stub's answers to the runtime's calls (one call at a time: the instance is held)."""
+
+READINESS = "ready_state"
+"""The stub's answer to a readiness check, and the key of the box it goes to: checks run
+beside requests and other calls (see ``_readiness``), so their answers have a box of their
+own."""
 
 # The longest a waiter sleeps before looking again (a signal handler's exception reaches it
 # within this).
@@ -46,7 +51,8 @@ class Demux:
         self.channel = channel
         self._serve = serve
         self._cond = threading.Condition(threading.Lock())
-        self._boxes: dict[int | None, deque[Message]] = {None: deque()}
+        self._boxes: dict[int | str | None, deque[Message]] = {None: deque(),
+                                                               READINESS: deque()}
         # The reading thread (while it serves a stub's call, the call may wait for this
         # stub too: a BLS request to the same model reads in that thread, nested).
         self._reader: int | None = None
@@ -62,8 +68,9 @@ class Demux:
         with self._cond:
             self._boxes.pop(batch_id, None)
 
-    def next(self, key: int | None, deadline: float | None) -> Message:
-        """The next message for batch ``key`` (None: the runtime's call), waiting until
+    def next(self, key: int | str | None, deadline: float | None) -> Message:
+        """The next message for batch ``key`` (None: the runtime's call; :data:`READINESS`:
+        a readiness check's answer), waiting until
         ``deadline`` (``time.monotonic()``; None: no limit).
 
         Raises:
@@ -100,7 +107,7 @@ class Demux:
                 cond.wait(wait)
         return self._read(key, deadline)
 
-    def _read(self, key: int | None, deadline: float | None) -> Message:
+    def _read(self, key: int | str | None, deadline: float | None) -> Message:
         """As the reader: read until a message for ``key`` comes, routing the others."""
         channel = self.channel
         while True:
@@ -120,11 +127,13 @@ class Demux:
                     self._cond.notify_all()
                 raise
             kind, tensors, body = message
-            target: int | None
+            target: int | str | None
             if kind in BATCH_KINDS:
                 target = body[-1]
             elif kind in CALL_REPLIES:
                 target = None
+            elif kind == READINESS:
+                target = READINESS
             else:
                 self._serve(kind, tensors, body)
                 continue

@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -26,9 +27,10 @@ from typing import Any, Protocol
 import pb_tensor
 from pb_tensor import Tensor
 from pb_tensor.runtime._channel import Channel, ChannelClosed
-from pb_tensor.runtime._demux import Demux, NoAnswer
+from pb_tensor.runtime._demux import READINESS, Demux, NoAnswer
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import HostInfo, RequestData
+from pb_tensor.runtime._readiness import ReadyState
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._stub_report import emit_record, how_it_ended, wanted_log_level
 from pb_tensor.runtime._tracker import Cancellation, Reply, Tracker
@@ -58,7 +60,12 @@ class Engine(Protocol):
         ...
 
     def metrics(self) -> dict[str, Any]: ...
-    def is_ready(self) -> tuple[bool, str | None]: ...
+    def health(self) -> str | None: ...
+    @property
+    def user_readiness(self) -> bool: ...
+    def ask_ready(
+        self, timeout: float, later: Callable[[ReadyState], None]
+    ) -> ReadyState | None: ...
     def stop(self) -> str | None: ...
     @property
     def pid(self) -> int | None: ...
@@ -110,6 +117,7 @@ class StubEngine:
         self._log_level = logging.NOTSET
         self.demux: Demux | None = None
         self._batch_ids = itertools.count(1)
+        self._user_readiness = False  # (the stub says after initialize)
 
     # -- process ------------------------------------------------------------------------------
     @property
@@ -179,6 +187,7 @@ class StubEngine:
         if kind == "failed":
             self.kill()
             raise StubFailure(result)
+        self._user_readiness = bool(result)
 
     def restart(self) -> None:
         """A fresh stub for the same model (after a crash or a timeout)."""
@@ -353,17 +362,43 @@ class StubEngine:
         if self.channel is not None:
             self.channel.send(kind, body, tensors or ())
 
-    def is_ready(self) -> tuple[bool, str | None]:
-        name = self.info.instance_name if self.info is not None else self.name
+    # -- readiness (ReadinessCheck's probe) ----------------------------------------------------
+    def health(self) -> str | None:
         if self.channel is None or not self.alive:
-            return False, f"Stub process '{name}' is not healthy.{how_it_ended(self.proc)}"
-        proc = self.proc
+            name = self.info.instance_name if self.info is not None else self.name
+            return f"Stub process '{name}' is not healthy.{how_it_ended(self.proc)}"
+        return None
+
+    @property
+    def user_readiness(self) -> bool:
+        return self._user_readiness
+
+    def ask_ready(
+        self, timeout: float, later: Callable[[ReadyState], None]
+    ) -> ReadyState | None:
+        """Ask the stub, which answers on a thread of its own (beside ``execute``); the
+        answer comes to the readiness box of the demux, whoever reads the channel."""
+        channel, demux = self.channel, self.demux
+        if channel is None or demux is None:
+            return False, _READINESS_UNHEALTHY
         try:
-            self.channel.send("is_ready")
-            _, _, (ready, error) = self._expect(("ready_state",), 30.0)
-        except (StubFailure, ChannelClosed):  # (a stub killed since the check above)
-            return False, f"Stub process '{name}' is not healthy.{how_it_ended(proc)}"
-        return bool(ready), error
+            channel.send("is_ready")
+            return _ready_state(demux, time.monotonic() + timeout)
+        except NoAnswer:
+            pass
+        except ChannelClosed:
+            return False, _READINESS_UNHEALTHY
+
+        def wait() -> None:
+            try:
+                state = _ready_state(demux, None)
+            except ChannelClosed:  # (NoAnswer needs a deadline)
+                state = (False, "Stub process is not healthy during readiness cleanup")
+            later(state)
+
+        threading.Thread(target=wait, name=f"pb-tensor-readiness-{self.name}",
+                         daemon=True).start()  # fmt: skip
+        return None
 
     def metrics(self) -> dict[str, Any]:
         if self.channel is None or not self.alive:
@@ -397,6 +432,17 @@ class StubEngine:
                 pass
         self.kill()
         return error
+
+
+_READINESS_UNHEALTHY = (
+    "Stub process is not healthy while waiting for user-defined is_ready() response"
+)
+
+
+def _ready_state(demux: Demux, deadline: float | None) -> ReadyState:
+    """The stub's answer to ``is_ready`` (raises as :meth:`Demux.next`)."""
+    _, _, (ready, error) = demux.next(READINESS, deadline)
+    return bool(ready), error
 
 
 def _send_cancel(channel: Channel, batch_id: int, size: int, first: int = 0) -> None:

@@ -425,8 +425,19 @@ class EnsembleModel(LoadedModel):
 
     # -- lifecycle ----------------------------------------------------------------------------
     def is_ready(self) -> bool:
-        """Whether the ensemble and every composing model are ready."""
-        return self._live and all(m.is_ready() for m in self.composing_models)
+        """Whether the ensemble is loaded with its composing models: as in Triton, an
+        ensemble has no readiness check of its own (core's ``Model::IsReady``), and its
+        composing models' checks are theirs."""
+        return self.not_ready_reason() is None
+
+    def not_ready_reason(self) -> str | None:
+        """None while :meth:`is_ready` says True, else why not."""
+        if not self._live:
+            return f"model '{self._name}' version {self._version} is not loaded"
+        for model in self.composing_models:
+            if not model.loaded:
+                return f"composing model '{model.name}' version {model.version} is not loaded"
+        return None
 
     def metrics(self) -> dict[str, Any]:
         """An ensemble records no custom metrics of its own: ``{}``."""

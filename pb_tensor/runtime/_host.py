@@ -176,6 +176,12 @@ class ModelHost:
         if not self._serving:
             raise TritonModelException(BLS_OUTSIDE_EXECUTE_MESSAGE)
 
+    @property
+    def defines_is_ready(self) -> bool:
+        """Whether the model object has an ``is_ready`` attribute (python_backend looks
+        once, after ``initialize``, and asks the model nothing without one)."""
+        return self._instance is not None and hasattr(self._instance, "is_ready")
+
     def is_ready(self) -> tuple[bool, str | None]:
         """The model's own ``is_ready()`` when defined (True otherwise); an error text when it
         raised or did not return a bool (upstream's message)."""

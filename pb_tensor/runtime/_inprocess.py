@@ -14,6 +14,7 @@ from pb_tensor import TritonDtype
 from pb_tensor.runtime._engines import Cancels
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import HostInfo, ModelHost, RequestData
+from pb_tensor.runtime._readiness import ReadyState
 from pb_tensor.runtime._seam import InferenceResponse, ModelBackend, TritonError
 from pb_tensor.runtime._tracker import (
     FINAL,
@@ -232,8 +233,41 @@ class InProcessEngine:
 
         return metric_snapshot()
 
-    def is_ready(self) -> tuple[bool, str | None]:
-        return self.host.is_ready()
+    # -- readiness (ReadinessCheck's probe) ----------------------------------------------------
+    def health(self) -> str | None:
+        return None  # no process of its own to lose
+
+    @property
+    def user_readiness(self) -> bool:
+        return self.host.defines_is_ready
+
+    def ask_ready(
+        self, timeout: float, later: Callable[[ReadyState], None]
+    ) -> ReadyState | None:
+        """The model's ``is_ready()``, on a thread of its own as the stub runs it (beside
+        ``execute``, which may be the one asking: ``pb_utils.is_model_ready``)."""
+        lock = threading.Lock()
+        answered: list[ReadyState] = []
+        late: list[bool] = []
+        done = threading.Event()
+
+        def ask() -> None:
+            state = self.host.is_ready()
+            with lock:
+                answered.append(state)
+                gone = bool(late)
+            done.set()
+            if gone:
+                later(state)
+
+        threading.Thread(target=ask, name=f"pb-tensor-readiness-{self.host.info.name}",
+                         daemon=True).start()  # fmt: skip
+        done.wait(timeout)
+        with lock:
+            if answered:
+                return answered[0]
+            late.append(True)
+        return None
 
     def stop(self) -> str | None:
         return self.host.finalize()

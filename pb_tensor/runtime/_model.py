@@ -572,19 +572,30 @@ class LoadedModel:
     def is_ready(self) -> bool:
         """Whether the model is ready, as Triton's readiness check says: loaded, the stub
         of every instance healthy, and the model's own ``is_ready()`` (when it defines one)
-        returning True. A failing check is logged (``pb_tensor.runtime``) with upstream's
-        text."""
-        if not self.loaded:
-            return False
-        checked = False
-        for instance in self._each_instance():
-            checked = True
-            ready, error = instance.engine.is_ready()
-            if error is not None:
-                log.error("readiness check of model '%s' failed: %s", self._name, error)
-            if not ready:
-                return False
-        return checked
+        returning True within five seconds. The checks run beside the model's requests (a
+        model's ``execute`` may ask about itself through ``pb_utils.is_model_ready``); a
+        check asked while another waits for the model's answer waits for that answer. Why
+        a model is not ready is logged at the verbose level (DEBUG, ``pb_tensor.runtime``)
+        with Triton's text: ``Model 'm' version 1 is not ready: <reason>``."""
+        why = self.not_ready_reason()
+        if why is not None and self.loaded:
+            log.debug("Model '%s' version %d is not ready: %s", self._name, self._version, why)
+        return why is None
+
+    def not_ready_reason(self) -> str | None:
+        """None when :meth:`is_ready` would say True, else why not, as Triton words it
+        (``Stub process '<instance>' is not healthy.``, ``Model '<instance>' is not ready
+        (user-defined check failed).``, the error of an ``is_ready()`` that raised, ...).
+        Runs the same checks as :meth:`is_ready`, without logging."""
+        scheduler = self._scheduler
+        if not self.loaded or scheduler is None:
+            return f"model '{self._name}' version {self._version} is not loaded"
+        instances = scheduler.instances.instances
+        for instance in instances:
+            why = instance.readiness.check(instance.engine, instance.name)
+            if why is not None and instance in scheduler.instances.instances:
+                return why  # (else an instance update removed, and stopped, it meanwhile)
+        return None
 
     def update_instance_group(self, instance_group: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
         """Change the model's instances to ``instance_group`` (its configuration's JSON

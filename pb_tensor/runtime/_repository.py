@@ -671,9 +671,10 @@ class ModelRepository:
         if kind == "is_model_ready":
             name, text = payload
             version = model_version_of(text)
-            if server is not None:
-                return server.ready_model(name, version).loaded
-            return self._ready_model(name, version).loaded
+            # TRITONSERVER_ServerModelIsReady: loaded, and the model's readiness check
+            model = server.ready_model(name, version) if server is not None else (
+                self._ready_model(name, version))
+            return model.is_ready()
         raise InferenceError(f"unknown runtime request {kind!r}", TritonError.INTERNAL)
 
     def _reload(self, name: str, isolated: bool) -> None:

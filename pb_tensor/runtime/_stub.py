@@ -122,6 +122,7 @@ class _Stub:
         self.info: HostInfo | None = None
         self.host: ModelHost | None = None
         self.backend = _StubBackend(self)
+        self.ready_checks: queue.SimpleQueue[None] | None = None  # (see _readiness)
 
     # -- receiving ----------------------------------------------------------------------------
     # Whoever waits for a message reads the channel itself (one reader at a time) and hands
@@ -150,8 +151,32 @@ class _Stub:
                 running.cancelled.add(int(index))
         elif kind == "ack":
             pass  # Channel.recv already released what the runtime acknowledged
+        elif kind == "is_ready":
+            self._readiness().put(None)
         else:
             self.commands.put(message)
+
+    def _readiness(self) -> queue.SimpleQueue[None]:
+        """The queue of the thread that answers readiness checks (started on first use):
+        python_backend's stub answers them on its parent-to-stub monitor thread, beside a
+        running ``execute`` (which may be the one asking, through
+        ``pb_utils.is_model_ready``), never on the thread that runs ``execute``."""
+        with self.waiters_lock:
+            if self.ready_checks is None:
+                self.ready_checks = queue.SimpleQueue()
+                threading.Thread(target=self._answer_readiness, args=(self.ready_checks,),
+                                 name="pb-tensor-readiness", daemon=True).start()  # fmt: skip
+            return self.ready_checks
+
+    def _answer_readiness(self, checks: queue.SimpleQueue[None]) -> None:
+        while True:
+            checks.get()
+            host = self.host
+            state = host.is_ready() if host is not None else (False, None)
+            try:
+                self.channel.send("ready_state", state)
+            except ChannelClosed:
+                return
 
     def _read_one(self) -> None:
         """Read one message (the caller holds the reader role) and dispatch it."""
@@ -289,9 +314,6 @@ class _Stub:
                 self.execute(tensors, body)
             elif kind == "log_level":
                 logging.getLogger("pb_tensor.runtime").setLevel(body)
-            elif kind == "is_ready":
-                state = self.host.is_ready() if self.host is not None else (False, None)
-                self.channel.send("ready_state", state)
             elif kind == "metrics":
                 from pb_tensor.runtime._seam import metric_snapshot
 
@@ -337,7 +359,9 @@ class _Stub:
         except UserModelError as exc:
             self.channel.send("failed", str(exc))
             return
-        self.channel.send("ready", None)
+        # Whether the model defines is_ready() (python_backend caches it here): readiness
+        # checks of a model without one ask the stub nothing.
+        self.channel.send("ready", self.host.defines_is_ready)
 
     def execute(self, tensors: list[Tensor], message: tuple[int, list[tuple[Any, ...]]]) -> None:
         batch_id, body = message

@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BOOL", help="refuse models without config.pbtxt (default false)")
     add("--exit-on-error", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
         help="exit when a model fails to load at start (default true)")
+    add("--strict-readiness", type=_bool, nargs="?", const=True, default=True,
+        metavar="BOOL", help="the server is ready only while every model it tried to load "
+        "is ready (default true)")
     add("--log-verbose", type=int, default=0, metavar="LEVEL",
         help="verbose logging level (0: off)")
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
@@ -91,6 +94,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         allow_grpc=args.allow_grpc, allow_metrics=args.allow_metrics,
         model_control_mode=args.model_control_mode, load_models=list(args.load_model),
         strict_model_config=args.strict_model_config, exit_on_error=args.exit_on_error,
+        strict_readiness=args.strict_readiness,
         log_verbose=args.log_verbose, in_process=args.in_process,
         inline_quick_models=args.inline_quick_models,
         max_input_size=args.http_max_input_size, host_policies=policies,

@@ -69,6 +69,8 @@ class Options:
     load_models: list[str] = dataclasses.field(default_factory=list)
     strict_model_config: bool = False
     exit_on_error: bool = True
+    # tritonserver's --strict-readiness: the server is ready only while every model is
+    strict_readiness: bool = True
     log_verbose: int = 0
     in_process: bool = False
     # --inline-quick-models: an opt-in, because a model run on the event loop's thread sees
@@ -247,6 +249,38 @@ class Core:
             rows += [row for n, r in self._states.items() if n not in names for row in r]
         rows.sort(key=lambda s: (s.name, int(s.version) if s.version.isdigit() else -1))
         return [r for r in rows if r.state == "READY"] if ready_only else rows
+
+    def server_ready(self) -> bool:
+        """Triton's server readiness (``InferenceServer::IsReady``): started and not
+        stopping; with ``--strict-readiness`` (the default) also every model the server
+        tried to load ready: each of its versions served and passing its readiness check
+        (a stub that died, a model whose ``is_ready()`` says no), or unloaded. Runs the
+        models' checks: call it off the event loop."""
+        if not self.ready:
+            return False
+        if not self.options.strict_readiness:
+            return True
+        with self._lock:
+            states = {name: list(rows) for name, rows in self._states.items()}
+            served = {name: dict(versions) for name, versions in self._served.items()}
+        for name, rows in sorted(states.items()):
+            if not rows:
+                return False  # a model with no version to serve
+            for row in rows:
+                if row.state != "READY":
+                    if row.reason == "unloaded":
+                        continue
+                    return False
+                model = served.get(name, {}).get(int(row.version))
+                why = "not served" if model is None else model.not_ready_reason()
+                if why is not None:
+                    log.debug(
+                        "Model '%s' version %s is in READY lifecycle state but failed runtime "
+                        "readiness check during server readiness evaluation: %s",
+                        name, row.version, why,
+                    )  # fmt: skip
+                    return False
+        return True
 
     def model(self, name: str, version: str = "") -> LoadedModel:
         """The loaded model ``name`` (``version`` "" for the latest the server serves).

@@ -56,7 +56,10 @@ class _Service:
         return _M("ServerLiveResponse")(live=self.core.live)
 
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        return _M("ServerReadyResponse")(ready=self.core.ready)
+        loop = asyncio.get_running_loop()
+        return _M("ServerReadyResponse")(
+            ready=await loop.run_in_executor(None, self.core.server_ready)
+        )
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         try:

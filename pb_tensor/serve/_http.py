@@ -114,7 +114,10 @@ class HttpApp:
         if path in ("/v2/health/live", "/v2/health/ready"):
             if method != "GET":
                 raise ServeError("Method Not Allowed", METHOD_NOT_ALLOWED)
-            ok = core.live if path.endswith("live") else core.ready
+            if path.endswith("live"):
+                ok = core.live
+            else:  # (the models' readiness checks may wait: off the event loop)
+                ok = await asyncio.get_running_loop().run_in_executor(None, core.server_ready)
             await _reply(send, 200 if ok else 400, b"", [])
             return
         if path in ("/v2", "/v2/"):

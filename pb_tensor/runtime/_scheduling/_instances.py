@@ -14,6 +14,7 @@ from typing import Any
 from pb_tensor.runtime._engines import Engine
 from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import HostInfo
+from pb_tensor.runtime._readiness import ReadinessCheck
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import acts_for
 
@@ -26,17 +27,19 @@ _SELF_WAIT_GRACE = 1.0
 
 class Instance:
     """One instance: its engine (a stub process or an in-process model object), Triton's
-    name for it, the thread using it (None while idle) and its ``signature``: what an
-    instance update matches it by (core's ``TritonModelInstance::Signature``: its group's
-    configuration but for name and count, and its device)."""
+    name for it, the thread using it (None while idle), its readiness checks and its
+    ``signature``: what an instance update matches it by (core's
+    ``TritonModelInstance::Signature``: its group's configuration but for name and count,
+    and its device)."""
 
-    __slots__ = ("engine", "name", "owner", "signature")
+    __slots__ = ("engine", "name", "owner", "readiness", "signature")
 
     def __init__(self, engine: Engine, name: str) -> None:
         self.engine = engine
         self.name = name
         self.owner: int | None = None
         self.signature: object = None  # (set by whoever made it, from its group)
+        self.readiness = ReadinessCheck()
 
 
 @dataclass(frozen=True)
