@@ -139,6 +139,32 @@ def test_start_errors() -> None:
     assert "error: creating server: failed to load all models" in failing.stderr
 
 
+def test_log_file(tmp_path: Path) -> None:
+    """``--log-file``: every record there (a model's finalize line, in tritonserver's
+    format), none on the console; a file that cannot be opened stops the start."""
+    log = tmp_path / "server.log"
+    serve = _Serve("--model-repository", str(Path(REPO_ROOT) / "examples" / "model_repository"),
+                   "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+                   "--model-control-mode=explicit", "--load-model", "add_sub",
+                   f"--log-file={log}", "--log-format=ISO8601")
+    try:
+        serve.until(r"Started Metrics Service at")
+    finally:
+        status, rest = serve.stop()
+    assert status == 0, rest
+    assert "finalize" not in "\n".join(serve.lines) + rest
+    assert re.search(r'^\d{4}-\d\d-\d\dT[\d:]+Z I \d+ model\.py:\d+\] "add_sub: finalize"$',
+                     log.read_text(), re.M), log.read_text()  # fmt: skip
+    nowhere = subprocess.run(
+        [sys.executable, "-m", "pb_tensor", "serve", "--model-repository", str(tmp_path),
+         f"--log-file={tmp_path / 'no' / 'such' / 'dir.log'}"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert nowhere.returncode == 1
+    assert nowhere.stderr.startswith("error: creating server: cannot open --log-file "), (
+        nowhere.stderr)
+
+
 def test_python_backend_example_clients(tmp_path: Any) -> None:
     """python_backend's examples/*/client.py, unchanged, against ``serve`` on 8000-8002."""
     taken = [p for p in (8000, 8001, 8002) if not port_free(p)]

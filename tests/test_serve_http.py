@@ -44,7 +44,7 @@ def test_health_and_server_metadata(client: Any, server: Any) -> None:
     assert meta["name"] == "triton"
     assert meta["extensions"] == [
         "model_repository", "system_shared_memory", "model_configuration",
-        "binary_tensor_data", "parameters", "statistics"]
+        "binary_tensor_data", "parameters", "statistics", "logging"]
     assert raw(server.http_url, "GET", "/v2/health/live")[0] == 200
     assert raw(server.http_url, "POST", "/v2/health/live")[0] == 405
     assert raw(server.http_url, "GET", "/v2/nothing") == (
@@ -53,7 +53,6 @@ def test_health_and_server_metadata(client: Any, server: Any) -> None:
 
 def test_extensions_not_served_say_so(server: Any) -> None:
     for path, what in (("/v2/cudasharedmemory/status", "the CUDA shared memory extension"),
-                       ("/v2/logging", "the logging extension"),
                        ("/v2/trace/setting", "the trace extension")):
         status, _, data = raw(server.http_url, "GET", path)
         assert (status, json.loads(data)) == (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
 import threading
@@ -63,6 +62,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is ready (default true)")
     add("--log-verbose", type=int, default=0, metavar="LEVEL",
         help="verbose logging level (0: off)")
+    for name in ("info", "warning", "error"):
+        add(f"--log-{name}", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
+            help=f"write {name} records (default true)")
+    add("--log-format", choices=("default", "ISO8601"), default="default",
+        help="log line format (default: default)")
+    add("--log-file", default="", metavar="PATH",
+        help="write the log to this file (default: info records to standard output, "
+             "warnings and errors to standard error)")
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
         help="largest HTTP request body accepted (default 64 MiB)")
     add("--host-policy", action="append", type=_host_policy, default=[],
@@ -95,7 +102,9 @@ def options_from_args(args: argparse.Namespace) -> Any:
         model_control_mode=args.model_control_mode, load_models=list(args.load_model),
         strict_model_config=args.strict_model_config, exit_on_error=args.exit_on_error,
         strict_readiness=args.strict_readiness,
-        log_verbose=args.log_verbose, in_process=args.in_process,
+        log_verbose=args.log_verbose, log_info=args.log_info, log_warning=args.log_warning,
+        log_error=args.log_error, log_format=args.log_format, log_file=args.log_file,
+        in_process=args.in_process,
         inline_quick_models=args.inline_quick_models,
         max_input_size=args.http_max_input_size, host_policies=policies,
     )  # fmt: skip
@@ -107,11 +116,6 @@ def main(args: argparse.Namespace) -> int:
     On a signal: stop accepting requests, wait for those in flight, run every model's
     ``finalize``, stop the stubs, remove the shared memory.
     """
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(levelname).1s %(name)s] %(message)s"))
-    root = logging.getLogger("pb_tensor")
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if args.log_verbose > 0 else logging.INFO)
     import importlib.util
 
     missing = [m for m in ("uvicorn", "grpc", "google.protobuf")
@@ -122,6 +126,7 @@ def main(args: argparse.Namespace) -> int:
         return 1
     from pb_tensor.runtime import ModelLoadError
     from pb_tensor.serve._errors import ServeError
+    from pb_tensor.serve._logging import install_handlers
     from pb_tensor.serve._server import Server
 
     stop = threading.Event()
@@ -135,6 +140,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         try:
             server = Server(options_from_args(args), out=sys.stdout)
+            try:
+                install_handlers(server.core.log_settings)
+            except OSError as exc:
+                sys.stderr.write(f"error: creating server: cannot open --log-file "
+                                 f"{args.log_file!r}: {exc}\n")
+                return 1
             server.start()
         except (ServeError, ModelLoadError) as exc:
             text = exc.message if isinstance(exc, ServeError) else str(exc)

@@ -42,6 +42,7 @@ from pb_tensor.serve._errors import (
 )
 from pb_tensor.serve._handoff import Handoff, await_future
 from pb_tensor.serve._inline import InlinePolicy, run_outside_loop
+from pb_tensor.serve._logging import LogSettings
 from pb_tensor.serve._shm import Regions
 
 __all__ = ["Core", "ModelState", "Options", "parse_version"]
@@ -72,6 +73,12 @@ class Options:
     # tritonserver's --strict-readiness: the server is ready only while every model is
     strict_readiness: bool = True
     log_verbose: int = 0
+    # tritonserver's other --log-* flags (the logging extension changes them while serving)
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"
+    log_file: str = ""
     in_process: bool = False
     # --inline-quick-models: an opt-in, because a model run on the event loop's thread sees
     # a running asyncio loop (asyncio.run in its execute fails) where Triton's stub has none.
@@ -181,6 +188,11 @@ class Core:
         self._inline = InlinePolicy()
         self.live = True
         self.ready = False
+        self.log_settings = LogSettings(
+            info=options.log_info, warning=options.log_warning, error=options.log_error,
+            verbose_level=options.log_verbose, log_format=options.log_format,
+            log_file=options.log_file,
+        )  # fmt: skip
         self.startup_failures: list[str] = []
 
     # -- repository ---------------------------------------------------------------------------

@@ -52,6 +52,28 @@ class _Service:
     async def _fail(self, context: Any, exc: ServeError) -> None:
         await context.abort(_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN), exc.message)
 
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        settings = self.core.log_settings
+        try:
+            settings.update_grpc({
+                name: (value.WhichOneof("parameter_choice"),
+                       getattr(value, value.WhichOneof("parameter_choice") or "bool_param"))
+                for name, value in request.settings.items()
+            })  # fmt: skip
+        except ServeError as exc:
+            await self._fail(context, exc)
+        response = _M("LogSettingsResponse")()
+        current = settings.as_json()
+        for name, value in current.items():
+            entry = response.settings[name]
+            if isinstance(value, bool):
+                entry.bool_param = value
+            elif isinstance(value, int):
+                entry.uint32_param = value
+            else:
+                entry.string_param = value
+        return response
+
     async def ServerLive(self, request: Any, context: Any) -> Any:
         return _M("ServerLiveResponse")(live=self.core.live)
 
@@ -394,6 +416,7 @@ _UNARY = {
                                  "SystemSharedMemoryStatusResponse"),
     "RepositoryModelLoad": ("RepositoryModelLoadRequest", "RepositoryModelLoadResponse"),
     "RepositoryModelUnload": ("RepositoryModelUnloadRequest", "RepositoryModelUnloadResponse"),
+    "LogSettings": ("LogSettingsRequest", "LogSettingsResponse"),
 }
 _NOT_SUPPORTED = {
     "CudaSharedMemoryStatus": ("CudaSharedMemoryStatusRequest",
@@ -403,7 +426,6 @@ _NOT_SUPPORTED = {
     "CudaSharedMemoryUnregister": ("CudaSharedMemoryUnregisterRequest",
                                    "CudaSharedMemoryUnregisterResponse"),
     "TraceSetting": ("TraceSettingRequest", "TraceSettingResponse"),
-    "LogSettings": ("LogSettingsRequest", "LogSettingsResponse"),
 }
 
 

@@ -47,7 +47,6 @@ _JOIN_LIMIT = 64 << 10  # response bodies up to this size are sent in one piece
 _UNSUPPORTED = (
     ("/v2/cudasharedmemory", "the CUDA shared memory extension"),
     ("/v2/trace", "the trace extension"),
-    ("/v2/logging", "the logging extension"),
 )
 EXTENSIONS = [
     "model_repository",
@@ -56,6 +55,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "logging",
 ]
 
 
@@ -204,6 +204,16 @@ class HttpApp:
         match = _SHM.match(path)
         if match is not None:
             await self._shm(scope, receive, send, match.group(1) or "", match.group(2))
+            return
+        if path == "/v2/logging":
+            if method not in ("GET", "POST"):
+                raise ServeError("Method Not Allowed", METHOD_NOT_ALLOWED)
+            settings = core.log_settings
+            if method == "POST":
+                body = await _body(scope, receive, core.options.max_input_size)
+                settings.update_json(parse_json(body) if body else {})
+            await _reply(send, 200, json.dumps(settings.as_json(), separators=(",", ":"))
+                         .encode(), _JSON)  # fmt: skip
             return
         for prefix, what in _UNSUPPORTED:
             if path.startswith(prefix):

@@ -1,0 +1,170 @@
+"""Upstream's logging tests against ``pb-tensor serve``, as their ``test.sh`` scripts run them:
+
+* ``qa/L0_logging/logging_endpoint_test.py`` (unchanged): the logging extension over HTTP and
+  gRPC, its settings read and changed one by one, ``log_file`` refused; ``test.sh``'s
+  ``check_test_results`` (four tests, none failed).
+* ``qa/L0_backend_python/logging`` (``logging_test.py`` unchanged, ``identity_fp32_logging``
+  from ``qa/python_models``): a model logging each level in ``initialize``, ``execute`` (twice)
+  and ``finalize``; ``test.sh`` counts the lines of each in the server's log after three
+  runs: default settings (four of each, no verbose one), the verbose level raised through
+  ``/v2/logging`` (three verbose ones: ``initialize``'s was before), info, warning and error
+  switched off (only ``initialize``'s lines).
+* ``qa/L0_logging/test.sh``'s output streams: info records on standard output only,
+  warnings and errors on standard error only, in tritonserver's line format (its regular
+  expression).
+
+``logging_test.py`` uses ``qa/common/shm_util.py``, whose leak probe reads Triton's own
+shared-memory regions through a compiled module; it runs with ``TEST_JETSON=1``, upstream's
+switch that skips that probe (pb-tensor's pool is no such region; its own leak checks are in
+the runtime's tests). The servers run on the ports the tests hard-code (8000-8002: skipped
+when they are taken).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from serve_support import REPO_ROOT, needs_serve, port_free, raw
+from upstream_models import UPSTREAM
+
+pytestmark = needs_serve
+
+_QA = UPSTREAM / "server" / "qa"
+_MODEL = _QA / "python_models" / "identity_fp32_logging"
+
+
+def _layout(work: Path) -> Path:
+    """Upstream's qa tree as the tests find their ``../common`` (``../../common``)."""
+    qa = work / "qa"
+    for name in ("shm_util.py", "test_util.py"):
+        (qa / "common").mkdir(parents=True, exist_ok=True)
+        shutil.copy(_QA / "common" / name, qa / "common" / name)
+    (qa / "L0_logging").mkdir()
+    shutil.copy(_QA / "L0_logging" / "logging_endpoint_test.py", qa / "L0_logging")
+    (qa / "L0_backend_python" / "logging").mkdir(parents=True)
+    shutil.copy(_QA / "L0_backend_python" / "logging" / "logging_test.py",
+                qa / "L0_backend_python" / "logging")  # fmt: skip
+    models = work / "models" / "identity_fp32_logging"
+    (models / "1").mkdir(parents=True)
+    shutil.copy(_MODEL / "config.pbtxt", models / "config.pbtxt")
+    shutil.copy(_MODEL / "model.py", models / "1" / "model.py")
+    return qa
+
+
+@contextmanager
+def _server(work: Path, log: Path, mode: str, *extra: str,
+            err: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+    """``run_server`` / ``kill_server``: the server's output in ``log`` (its standard error
+    in ``err`` when given)."""
+    taken = [p for p in (8000, 8001, 8002) if not port_free(p)]
+    if taken:
+        pytest.skip(f"upstream's logging tests use ports 8000-8002; taken here: {taken}")
+    args = [sys.executable, "-m", "pb_tensor", "serve",
+            f"--model-repository={work / 'models'}", *extra]
+    if mode == "in-process":
+        args.append("--in-process")
+    with open(log, "wb") as out, open(err or log, "ab") as errors:
+        server = subprocess.Popen(args, cwd=REPO_ROOT, stdout=out,
+                                  stderr=errors if err else subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while "Started Metrics Service" not in log.read_text(errors="replace"):
+            if server.poll() is not None:
+                pytest.fail(f"serve exited ({server.returncode}): {log.read_text()}")
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        yield server
+    finally:
+        server.terminate()  # (test.sh's kill_server: SIGTERM, and wait)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _run(cwd: Path, *args: str) -> str:
+    env = dict(os.environ, TEST_JETSON="1")
+    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report
+    return report
+
+
+def test_logging_endpoint(tmp_path: Path) -> None:
+    qa = _layout(tmp_path)
+    with _server(tmp_path, tmp_path / "server.log", "stub processes"):
+        report = _run(qa / "L0_logging", "logging_endpoint_test.py")
+    # test.sh: check_test_results $TEST_RESULT_FILE $EXPECTED_NUM_TESTS (4)
+    results = json.loads((qa / "L0_logging" / "test_results.txt").read_text())
+    assert results == {"total": 4, "errors": 0, "failures": 0}, report
+
+
+def _counts(log: Path) -> tuple[int, int, int, int, int]:
+    """test.sh's ``verify_log_counts``: the lines with each message (grep -c)."""
+    lines = log.read_text(errors="replace").splitlines()
+    return tuple(  # type: ignore[return-value]
+        sum(text in line for line in lines)
+        for text in ("Specific Msg!", "Info Msg!", "Warning Msg!", "Error Msg!", "Verbose Msg!")
+    )
+
+
+@pytest.mark.parametrize("mode", ["stub processes", "in-process"])
+def test_python_model_logging(tmp_path: Path, mode: str) -> None:
+    qa = _layout(tmp_path)
+    here = qa / "L0_backend_python" / "logging"
+    test = ("-m", "pytest", "-p", "no:cacheprovider", "logging_test.py")
+
+    log = tmp_path / "default.log"
+    with _server(tmp_path, log, mode):
+        _run(here, *test)
+    assert _counts(log) == (4, 4, 4, 4, 0), log.read_text()
+
+    log = tmp_path / "verbose.log"
+    with _server(tmp_path, log, mode):
+        status, _, body = raw("localhost:8000", "POST", "/v2/logging",
+                              b'{"log_verbose_level":1}')  # fmt: skip
+        assert status == 200, body
+        _run(here, *test)
+    assert _counts(log) == (4, 4, 4, 4, 3), log.read_text()
+
+    log = tmp_path / "disabled.log"
+    with _server(tmp_path, log, mode):
+        for name in ("log_info", "log_warning", "log_error"):
+            status, _, body = raw("localhost:8000", "POST", "/v2/logging",
+                                  json.dumps({name: False}).encode())  # fmt: skip
+            assert status == 200, body
+        _run(here, *test)
+    assert _counts(log) == (1, 1, 1, 1, 0), log.read_text()
+
+
+# qa/L0_logging/test.sh's LOG_REGEX, after the level letter
+_LOG_REGEX = (r"(?P<month>\d{2})(?P<day>\d{2}) (?P<timestamp>\d{2}:\d{2}:\d{2}\.\d{6}) "
+              r"(?P<pid>\d+) (?P<file>[\w\.]+):(?P<line>\d+)] (?P<message>.*)")  # fmt: skip
+
+
+def test_info_on_standard_output_warnings_and_errors_on_standard_error(tmp_path: Path) -> None:
+    # test.sh's "Log Output Stream" check, with a model that logs every level
+    _layout(tmp_path)
+    out, err = tmp_path / "server.log", tmp_path / "server_error.log"
+    with _server(tmp_path, out, "stub processes", "--log-verbose=1", err=err):
+        _run(tmp_path / "qa" / "L0_backend_python" / "logging", "-m", "pytest",
+             "-p", "no:cacheprovider", "logging_test.py")  # fmt: skip
+    stdout, stderr = out.read_text(), err.read_text()
+    assert re.search(f"^I{_LOG_REGEX}", stdout, re.M), stdout
+    assert not re.search(f"^(W|E){_LOG_REGEX}", stdout, re.M), stdout
+    assert re.search(f"^(W|E){_LOG_REGEX}", stderr, re.M), stderr
+    assert not re.search(f"^I{_LOG_REGEX}", stderr, re.M), stderr
+    # the records' own places: the model's file and line, its message escaped as JSON
+    assert re.search(r'^E\d{4} [\d:.]+ \d+ model\.py:\d+\] "Execute-Error Msg!"$', stderr, re.M)
