@@ -7,6 +7,9 @@ import importlib.util
 import json
 import os
 import socket
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -63,3 +66,15 @@ def add_sub_json(values: list[float] | None = None) -> dict[str, Any]:
         {"name": "INPUT0", "datatype": "FP32", "shape": [len(data)], "data": data},
         {"name": "INPUT1", "datatype": "FP32", "shape": [len(data)], "data": data},
     ]}  # fmt: skip
+
+
+def wait_for_text(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    """Wait until a server started as ``proc`` wrote ``text`` into its ``log`` file (bounded:
+    fails the test when it exits or takes longer than ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text(errors="replace"):
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited ({proc.returncode}): {log.read_text()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"serve did not print {text!r} within {timeout} s: {log.read_text()}")
+        time.sleep(0.1)

@@ -192,6 +192,34 @@ def test_readiness_of_a_stub_that_died_after_the_liveness_check(
     )
 
 
+def test_records_of_a_background_thread_come_as_they_are_sent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A model's thread logs after its request ended; nothing else reaches the stub. The
+    # record shows anyway (python_backend's parent reads its stub's messages on a thread of
+    # its own); before, it came with the stub's next message.
+    model_dir = tmp_path / "background"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text('name: "background"\n' + IDENTITY_CONFIG)
+    (model_dir / "1" / "model.py").write_text(HEADER + textwrap.dedent("""
+        import threading
+        class TritonPythonModel:
+            def execute(self, requests):
+                def later():
+                    time.sleep(0.3)
+                    pb_utils.Logger.log_warn("a record from the background")
+                threading.Thread(target=later).start()
+                return [ok(r) for r in requests]
+    """))
+    caplog.set_level(logging.WARNING, logger="pb_tensor.runtime")
+    with ModelRepository(tmp_path) as r, r.load("background", timeout=60) as model:
+        model.infer({"IN": np.array([1], np.int32)})
+        deadline = time.monotonic() + 30
+        while "a record from the background" not in caplog.text:
+            assert time.monotonic() < deadline, "the record did not come"
+            time.sleep(0.02)
+
+
 def test_model_control_from_a_model(tmp_path: Path, repo_dir: Path) -> None:
     # pb_utils.is_model_ready raises for a model that is not loaded, as Triton's does (core's
     # GetModel error; upstream's qa bls_model_loading catches it), and every failed call

@@ -28,13 +28,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from serve_support import REPO_ROOT, needs_serve, port_free, raw
+from serve_support import REPO_ROOT, needs_serve, port_free, raw, wait_for_text
 from upstream_models import UPSTREAM
 
 pytestmark = needs_serve
@@ -77,12 +76,7 @@ def _server(work: Path, log: Path, mode: str, *extra: str,
         server = subprocess.Popen(args, cwd=REPO_ROOT, stdout=out,
                                   stderr=errors if err else subprocess.STDOUT)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while "Started Metrics Service" not in log.read_text(errors="replace"):
-            if server.poll() is not None:
-                pytest.fail(f"serve exited ({server.returncode}): {log.read_text()}")
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        wait_for_text(log, "Started Metrics Service", server)
         yield server
     finally:
         server.terminate()  # (test.sh's kill_server: SIGTERM, and wait)

@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from serve_support import REPO_ROOT, needs_serve, port_free
-from upstream_models import UPSTREAM
+from serve_support import REPO_ROOT, needs_serve, port_free, wait_for_text
+from upstream_models import READINESS_MODELS, UPSTREAM
 
 pytestmark = needs_serve
 
@@ -42,16 +42,6 @@ _QA = UPSTREAM / "server" / "qa"
 _HERE = _QA / "L0_backend_python" / "model_readiness"
 _TEST = _HERE / "test_model_readiness.py"
 _IDENTITY = _QA / "python_models" / "identity_fp32"
-
-# test.sh's setup_readiness_test_model calls: name -> (READINESS_FN_RETURN_VALUE, delay)
-_READINESS_MODELS = {
-    "is_ready_fn_returns_true": ("true", "0.1"),
-    "is_ready_fn_returns_false": ("false", "0.1"),
-    "is_ready_fn_raises_error": ("exception", "0.1"),
-    "is_ready_fn_returns_non_boolean": ("non_boolean", "0.1"),
-    "is_ready_fn_timeout": ("true", "8"),
-    "is_ready_fn_coroutine_returns_true": ("coroutine", "0.1"),
-}
 
 _USER_CASES = [
     "test_multiple_concurrent_ready_and_infer_requests_decoupled",
@@ -90,16 +80,6 @@ def _readiness_model(models: Path, name: str, value: str, delay: str) -> None:
     (target / "config.pbtxt").write_text(text)
 
 
-def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while text not in log.read_text(errors="replace"):
-        if proc.poll() is not None:
-            pytest.fail(f"serve exited ({proc.returncode}): {log.read_text()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"serve did not print {text!r} within 60 s: {log.read_text()}")
-        time.sleep(0.1)
-
-
 @contextmanager
 def _server(work: Path, log: Path, mode: str, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
     taken = [p for p in (8000, 8001, 8002) if not port_free(p)]
@@ -112,7 +92,7 @@ def _server(work: Path, log: Path, mode: str, *extra: str) -> Iterator[subproces
     with open(log, "wb") as out:
         server = subprocess.Popen(args, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_for(log, "Started Metrics Service", server)
+        wait_for_text(log, "Started Metrics Service", server)
         yield server
     finally:
         server.terminate()
@@ -174,7 +154,7 @@ def test_not_ready_after_the_stub_was_killed(tmp_path: Path, signum: int) -> Non
 def test_user_defined_readiness_function(tmp_path: Path, mode: str) -> None:
     models = tmp_path / "models"
     _identity(models)
-    for name, (value, delay) in _READINESS_MODELS.items():
+    for name, (value, delay) in READINESS_MODELS.items():
         _readiness_model(models, name, value, delay)
     shutil.copytree(_HERE / "test_models" / "is_ready_fn_returns_true_decoupled",
                     models / "is_ready_fn_returns_true_decoupled")  # fmt: skip

@@ -25,11 +25,10 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from serve_support import REPO_ROOT, needs_serve, port_free
+from serve_support import REPO_ROOT, needs_serve, port_free, wait_for_text
 from upstream_models import UPSTREAM
 
 pytestmark = needs_serve
@@ -69,16 +68,6 @@ def _layout(work: Path) -> None:
     shutil.copy(_TEST, work / _TEST.name)
 
 
-def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while text not in log.read_text(errors="replace"):
-        if proc.poll() is not None:
-            pytest.fail(f"serve exited ({proc.returncode}): {log.read_text()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"serve did not print {text!r} within 60 s: {log.read_text()}")
-        time.sleep(0.1)
-
-
 @pytest.mark.parametrize("mode", ["stub processes", "in-process"])
 def test_instance_update(tmp_path: Path, mode: str) -> None:
     taken = [p for p in (8000, 8001, 8002) if not port_free(p)]
@@ -96,7 +85,7 @@ def test_instance_update(tmp_path: Path, mode: str) -> None:
         server = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=out,
                                   stderr=subprocess.STDOUT)  # fmt: skip
     try:
-        _wait_for(log, "Started Metrics Service", server)
+        wait_for_text(log, "Started Metrics Service", server)
         done = subprocess.run(
             [sys.executable, _TEST.name, *(f"TestInstanceUpdate.{c}" for c in _CASES)],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,

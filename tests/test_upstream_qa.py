@@ -43,7 +43,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from upstream_models import PYTHON_MODELS, QA_BACKEND_PYTHON, UPSTREAM, repository
+from upstream_models import (
+    PYTHON_MODELS,
+    QA_BACKEND_PYTHON,
+    READINESS_MODELS,
+    UPSTREAM,
+    repository,
+)
 
 from pb_tensor.runtime import InferenceError, LoadedModel, ModelLoadError, ModelRepository
 from pb_tensor.utils import TritonError
@@ -352,14 +358,9 @@ def test_wrong_return_type(load: Loader) -> None:
 # -- qa/L0_backend_python/model_readiness (test_model_readiness.py, test.sh) ----------------------
 
 READINESS = QA_BACKEND_PYTHON / "model_readiness" / "test_models"
-# test.sh's setup_readiness_test_model: name -> (READINESS_FN_RETURN_VALUE, _DELAY_SECS)
-READINESS_MODELS = {
-    "is_ready_fn_returns_true": ("true", "0.1"),
-    "is_ready_fn_returns_false": ("false", "0.1"),
-    "is_ready_fn_raises_error": ("exception", "0.1"),
-    "is_ready_fn_returns_non_boolean": ("non_boolean", "0.1"),
-    "is_ready_fn_coroutine_returns_true": ("coroutine", "0.1"),
-}
+# test.sh's models but is_ready_fn_timeout (its eight seconds run against the server, in
+# tests/test_upstream_model_readiness.py)
+_READINESS = {n: v for n, v in READINESS_MODELS.items() if n != "is_ready_fn_timeout"}
 
 
 def _readiness_config(name: str, return_value: str, delay_secs: str) -> Callable[[str], str]:
@@ -379,13 +380,13 @@ def readiness_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     files: dict[str, tuple[Path, Path | None]] = {
         name: (READINESS / ("readiness_coroutine_model.py" if value == "coroutine"
                             else "readiness_model.py"), identity / "config.pbtxt")
-        for name, (value, _) in READINESS_MODELS.items()
+        for name, (value, _) in _READINESS.items()
     }  # fmt: skip
     return repository(
         tmp_path_factory.mktemp("readiness"),
         {"identity_fp32": identity},
         files=files,
-        config_edit={n: _readiness_config(n, *v) for n, v in READINESS_MODELS.items()},
+        config_edit={n: _readiness_config(n, *v) for n, v in _READINESS.items()},
     )
 
 

@@ -24,6 +24,17 @@ PYTHON_MODELS = UPSTREAM / "server" / "qa" / "python_models"
 QA_BACKEND_PYTHON = UPSTREAM / "server" / "qa" / "L0_backend_python"
 """The server's ``qa/L0_backend_python`` (its tests and the models some of them carry)."""
 EXAMPLES = UPSTREAM / "python_backend" / "examples"
+
+# qa/L0_backend_python/model_readiness/test.sh's setup_readiness_test_model calls:
+# name -> (READINESS_FN_RETURN_VALUE, READINESS_FN_DELAY_SECS)
+READINESS_MODELS = {
+    "is_ready_fn_returns_true": ("true", "0.1"),
+    "is_ready_fn_returns_false": ("false", "0.1"),
+    "is_ready_fn_raises_error": ("exception", "0.1"),
+    "is_ready_fn_returns_non_boolean": ("non_boolean", "0.1"),
+    "is_ready_fn_timeout": ("true", "8"),
+    "is_ready_fn_coroutine_returns_true": ("coroutine", "0.1"),
+}
 """python_backend's ``examples``."""
 
 

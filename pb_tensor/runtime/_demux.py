@@ -107,6 +107,66 @@ class Demux:
                 cond.wait(wait)
         return self._read(key, deadline)
 
+    def idle(self) -> bool:
+        """Whether nobody reads and no batch is open (only the idle watcher may read then)."""
+        with self._cond:
+            return self._reader is None and len(self._boxes) == 2 and self._closed is None
+
+    def pump(self) -> bool:
+        """Read one message that is there now, if nobody else reads, and route it (a log
+        record is served, an answer goes to its box): the stub's idle watcher calls this so
+        that what a stub sends between requests (a background thread's log records) comes
+        out as it is sent, not with the next request. Never waits. Whether it read one.
+
+        Raises:
+            ChannelClosed: the stub is gone.
+        """
+        me = threading.get_ident()
+        with self._cond:
+            if self._reader is not None:
+                return False
+            if self._closed is not None:
+                raise ChannelClosed(self._closed)
+            self._reader = me
+        try:
+            if not self.channel.poll(0):
+                return False
+            message = self._recv()
+            served, target = self._target(message)
+            if not served:
+                with self._cond:
+                    box = self._boxes.get(target)
+                    if box is not None:
+                        box.append(message)
+            return True
+        finally:
+            with self._cond:
+                self._reader = None
+                self._cond.notify_all()
+
+    def _recv(self) -> Message:
+        try:
+            return self.channel.recv()
+        except ChannelClosed as exc:
+            with self._cond:
+                self._closed = str(exc) or "end of stream"
+                self._cond.notify_all()
+            raise
+
+    def _target(self, message: Message) -> tuple[bool, int | str | None]:
+        """(False, the box ``message`` goes to), or (True, None) for a message of the stub's
+        own (a log record, BLS, model control), served here."""
+        kind, tensors, body = message
+        if kind in BATCH_KINDS:
+            batch_id: int = body[-1]
+            return False, batch_id
+        if kind in CALL_REPLIES:
+            return False, None
+        if kind == READINESS:
+            return False, READINESS
+        self._serve(kind, tensors, body)
+        return True, None
+
     def _read(self, key: int | str | None, deadline: float | None) -> Message:
         """As the reader: read until a message for ``key`` comes, routing the others."""
         channel = self.channel
@@ -119,23 +179,9 @@ class Demux:
                 remaining = max(0.0, deadline - time.monotonic())
                 if not channel.poll(remaining):
                     raise NoAnswer(f"no answer within {remaining} s")
-            try:
-                message = channel.recv()
-            except ChannelClosed as exc:
-                with self._cond:
-                    self._closed = str(exc) or "end of stream"
-                    self._cond.notify_all()
-                raise
-            kind, tensors, body = message
-            target: int | str | None
-            if kind in BATCH_KINDS:
-                target = body[-1]
-            elif kind in CALL_REPLIES:
-                target = None
-            elif kind == READINESS:
-                target = READINESS
-            else:
-                self._serve(kind, tensors, body)
+            message = self._recv()
+            served, target = self._target(message)
+            if served:
                 continue
             if target == key:
                 return message

@@ -151,6 +151,8 @@ class StubEngine:
             theirs.close()
         self.channel = Channel(Connection(ours.detach()), self.pool)
         self.demux = Demux(self.channel, self._serve)
+        threading.Thread(target=_watch_idle, args=(self.demux,), daemon=True,
+                         name=f"pb-tensor-stub-watch-{self.name}").start()  # fmt: skip
         self._finalizer = weakref.finalize(self, _kill, self.proc, self.channel)
         self._log_level = wanted_log_level(self.name)
         body = {
@@ -432,6 +434,24 @@ class StubEngine:
                 pass
         self.kill()
         return error
+
+
+# How often a stub's idle watcher looks for messages nobody reads (seconds).
+_IDLE_WATCH = 0.05
+
+
+def _watch_idle(demux: Demux) -> None:
+    """While nobody reads a stub's channel (no batch in flight, no call waiting), read what
+    the stub sends anyway: the log records of its background threads (python_backend's
+    parent reads its stub's messages on a thread of its own, and they show as they come).
+    Ends with the stub."""
+    while True:
+        time.sleep(_IDLE_WATCH)
+        try:
+            while demux.idle() and demux.pump():
+                pass
+        except ChannelClosed:
+            return
 
 
 _READINESS_UNHEALTHY = (
