@@ -142,6 +142,14 @@ _MODELS = {
             def execute(self, requests):
                 return [ok(r) for r in requests]
     """,
+    # is_ready() calls sys.exit: not ready, with the error (pybind11 catches any exception)
+    "exits": """
+        class TritonPythonModel:
+            def is_ready(self):
+                sys.exit(3)
+            def execute(self, requests):
+                return [ok(r) for r in requests]
+    """,
     # is_ready() answers after 5.5 s, past python_backend's five-second limit
     "slow": """
         class TritonPythonModel:
@@ -237,3 +245,12 @@ def test_an_answer_past_five_seconds(
         )
         assert model.infer({"IN": np.array([2], np.int32)})["OUT"].tolist() == [2]
         assert model.is_ready() is True
+
+
+def test_an_is_ready_that_exits(repo: tuple[ModelRepository, bool]) -> None:
+    with _load(repo, "exits") as model:
+        for _ in range(2):  # (the check answers again: its thread lives on)
+            why = model.not_ready_reason()
+            assert why is not None
+            assert why.startswith("SystemExit: 3"), why
+        assert model.infer({"IN": np.array([5], np.int32)})["OUT"].tolist() == [5]

@@ -197,7 +197,8 @@ class ModelHost:
                     result = asyncio.run_coroutine_threadsafe(
                         _await_serving(self._backend, result), self._event_loop()
                     ).result()
-        except Exception as exc:
+        except BaseException as exc:  # (pybind11's catch: SystemExit too)
+            # It runs on a readiness thread (never the main one), which must answer.
             return False, format_exception(exc)
         finally:
             set_backend(previous)
