@@ -8,7 +8,10 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +81,35 @@ def wait_for_text(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: 
         if time.monotonic() > deadline:
             pytest.fail(f"serve did not print {text!r} within {timeout} s: {log.read_text()}")
         time.sleep(0.1)
+
+
+def skip_unless_upstream_ports(what: str) -> None:
+    """Skip the test when one of the ports upstream's clients hard-code (8000-8002) is
+    taken here (``what``: the upstream test, for the reason)."""
+    taken = [p for p in (8000, 8001, 8002) if not port_free(p)]
+    if taken:
+        pytest.skip(f"{what} uses ports 8000-8002; taken here: {taken}")
+
+
+@contextmanager
+def serve_process(args: Sequence[str], log: Path, *, env: Mapping[str, str] | None = None,
+                  err: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+    """``python -m pb_tensor serve <args>`` (from the repository root), its output in ``log``
+    (its standard error in ``err`` when given), once it printed its start lines (bounded);
+    stopped afterwards as upstream's ``kill_server`` stops tritonserver: SIGTERM, and a wait
+    (SIGKILL after 60 s)."""
+    command = [sys.executable, "-m", "pb_tensor", "serve", *args]
+    with open(log, "wb") as out, open(err or log, "ab") as errors:
+        server = subprocess.Popen(command, cwd=REPO_ROOT, stdout=out,
+                                  stderr=errors if err else subprocess.STDOUT,
+                                  env=dict(env) if env is not None else None)  # fmt: skip
+    try:
+        wait_for_text(log, "Started Metrics Service", server)
+        yield server
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from serve_support import REPO_ROOT, needs_serve, port_free, raw, wait_for_text
+from serve_support import needs_serve, raw, serve_process, skip_unless_upstream_ports
 from upstream_models import UPSTREAM
 
 pytestmark = needs_serve
@@ -65,26 +65,12 @@ def _server(work: Path, log: Path, mode: str, *extra: str,
             err: Path | None = None) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
     """``run_server`` / ``kill_server``: the server's output in ``log`` (its standard error
     in ``err`` when given)."""
-    taken = [p for p in (8000, 8001, 8002) if not port_free(p)]
-    if taken:
-        pytest.skip(f"upstream's logging tests use ports 8000-8002; taken here: {taken}")
-    args = [sys.executable, "-m", "pb_tensor", "serve",
-            f"--model-repository={work / 'models'}", *extra]
+    skip_unless_upstream_ports("upstream's logging tests")
+    args = [f"--model-repository={work / 'models'}", *extra]
     if mode == "in-process":
         args.append("--in-process")
-    with open(log, "wb") as out, open(err or log, "ab") as errors:
-        server = subprocess.Popen(args, cwd=REPO_ROOT, stdout=out,
-                                  stderr=errors if err else subprocess.STDOUT)  # fmt: skip
-    try:
-        wait_for_text(log, "Started Metrics Service", server)
+    with serve_process(args, log, err=err) as server:
         yield server
-    finally:
-        server.terminate()  # (test.sh's kill_server: SIGTERM, and wait)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def _run(cwd: Path, *args: str) -> str:

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from serve_support import REPO_ROOT, needs_serve, port_free, wait_for_text
+from serve_support import needs_serve, serve_process, skip_unless_upstream_ports
 from upstream_models import READINESS_MODELS, UPSTREAM
 
 pytestmark = needs_serve
@@ -82,25 +82,12 @@ def _readiness_model(models: Path, name: str, value: str, delay: str) -> None:
 
 @contextmanager
 def _server(work: Path, log: Path, mode: str, *extra: str) -> Iterator[subprocess.Popen[bytes]]:
-    taken = [p for p in (8000, 8001, 8002) if not port_free(p)]
-    if taken:
-        pytest.skip(f"test_model_readiness.py uses ports 8000-8002; taken here: {taken}")
-    args = [sys.executable, "-m", "pb_tensor", "serve",
-            f"--model-repository={work / 'models'}", "--log-verbose=1", *extra]
+    skip_unless_upstream_ports("test_model_readiness.py")
+    args = [f"--model-repository={work / 'models'}", "--log-verbose=1", *extra]
     if mode == "in-process":
         args.append("--in-process")
-    with open(log, "wb") as out:
-        server = subprocess.Popen(args, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_for_text(log, "Started Metrics Service", server)
+    with serve_process(args, log) as server:
         yield server
-    finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
 
 
 def _unittest(work: Path, *names: str, timeout: float = 600) -> str:

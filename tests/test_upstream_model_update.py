@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from serve_support import REPO_ROOT, needs_serve, port_free, wait_for_text
+from serve_support import needs_serve, serve_process, skip_unless_upstream_ports
 from upstream_models import UPSTREAM
 
 pytestmark = needs_serve
@@ -70,33 +70,19 @@ def _layout(work: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["stub processes", "in-process"])
 def test_instance_update(tmp_path: Path, mode: str) -> None:
-    taken = [p for p in (8000, 8001, 8002) if not port_free(p)]
-    if taken:
-        pytest.skip(f"instance_update_test.py uses ports 8000-8002; taken here: {taken}")
+    skip_unless_upstream_ports("instance_update_test.py")
     _layout(tmp_path)
     env = dict(os.environ, MODEL_LOG_DIR=str(tmp_path), RATE_LIMIT_MODE="off",
                PYTHONDONTWRITEBYTECODE="True")  # fmt: skip
     log = tmp_path / "server.log"
-    args = [sys.executable, "-m", "pb_tensor", "serve",
-            f"--model-repository={tmp_path / 'models'}", "--model-control-mode=explicit"]
+    args = [f"--model-repository={tmp_path / 'models'}", "--model-control-mode=explicit"]
     if mode == "in-process":
         args.append("--in-process")
-    with open(log, "wb") as out:
-        server = subprocess.Popen(args, cwd=REPO_ROOT, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        wait_for_text(log, "Started Metrics Service", server)
+    with serve_process(args, log, env=env):
         done = subprocess.run(
             [sys.executable, _TEST.name, *(f"TestInstanceUpdate.{c}" for c in _CASES)],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
-    finally:
-        server.terminate()
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
     report = done.stdout + done.stderr
     assert done.returncode == 0, report
     assert f"Ran {len(_CASES)} tests" in report, report
