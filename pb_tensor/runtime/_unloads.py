@@ -30,9 +30,12 @@ class BackgroundUnloads:
                     self._threads.discard(thread)
 
         thread = threading.Thread(target=run, name=f"pb-tensor-unload-{name}", daemon=True)
+        # Started under the lock: a wait() in another thread must not find it unstarted
+        # (joining a thread before it started raises). The thread takes the lock only once
+        # its unload ended, and start() returns once the thread began.
         with self._lock:
             self._threads.add(thread)
-        thread.start()
+            thread.start()
 
     def wait(self) -> None:
         """Wait until every unload started (those started meanwhile included) has ended."""
