@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from serve_support import REPO_ROOT, needs_serve, port_free, raw
+from serve_support import children as serve_children
 from upstream_models import EXAMPLES, repository
 
 pytestmark = needs_serve
@@ -76,20 +77,6 @@ class _Serve:
         return self.proc.returncode, rest
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
-
-
 def test_start_serve_and_stop_on_sigterm() -> None:
     serve = _Serve("--model-repository", str(Path(REPO_ROOT) / "examples" / "model_repository"),
                    "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
@@ -108,7 +95,7 @@ def test_start_serve_and_stop_on_sigterm() -> None:
 
         with grpcclient.InferenceServerClient(grpc_at) as client:
             assert client.is_model_ready("decoupled_repeat")
-        children = _children(serve.proc.pid)
+        children = serve_children(serve.proc.pid)
         assert len(children) == 2  # one stub per model
     finally:
         status, rest = serve.stop()

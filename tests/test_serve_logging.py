@@ -66,7 +66,10 @@ def test_http_changes_apply_in_order(server: Any) -> None:
     assert _post(server, b'{"log_info": false, "log_verbose_level": "1"}') == (
         500, {"error": "attempt to access JSON non-unsigned-integer as unsigned-integer"})
     assert json.loads(raw(server.http_url, "GET", "/v2/logging")[2])["log_info"] is False
-    assert _post(server, b"")[1] == {**_DEFAULTS, "log_info": False}  # an empty body: no change
+    # an empty body is refused as tritonserver refuses it (it parses it), changing nothing
+    assert _post(server, b"") == (400, {"error": "failed to parse the request JSON buffer: "
+                                                 "The document is empty. at 0"})
+    assert json.loads(raw(server.http_url, "GET", "/v2/logging")[2])["log_info"] is False
     assert raw(server.http_url, "PUT", "/v2/logging")[0] == 405
 
 
@@ -130,6 +133,12 @@ def test_unescaped_messages(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_an_embedded_server_leaves_the_applications_logging_alone(server: Any) -> None:
-    before = logging.getLogger("pb_tensor").level
-    assert _post(server, b'{"log_verbose_level": 1}')[0] == 200
-    assert logging.getLogger("pb_tensor").level == before
+    logger = logging.getLogger("pb_tensor")
+    before = logger.level
+    logger.setLevel(logging.WARNING + 1)  # neither level the settings would set
+    try:
+        for level in (1, 0):
+            assert _post(server, f'{{"log_verbose_level": {level}}}'.encode())[0] == 200
+            assert logger.level == logging.WARNING + 1
+    finally:
+        logger.setLevel(before)

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from serve_support import needs_serve, serve_process, skip_unless_upstream_ports
+from serve_support import children, needs_serve, serve_process, skip_unless_upstream_ports
 from upstream_models import READINESS_MODELS, UPSTREAM
 
 pytestmark = needs_serve
@@ -103,18 +103,13 @@ def _unittest(work: Path, *names: str, timeout: float = 600) -> str:
 def _stub_pids(server_pid: int) -> list[int]:
     """The server's stub processes (test.sh: ``pgrep -f triton_python_backend_stub``)."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in children(server_pid):
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except (OSError, ValueError, IndexError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"pb_tensor.runtime._stub" in f.read():
+                    found.append(pid)
+        except OSError:
             continue
-        if ppid == server_pid and b"pb_tensor.runtime._stub" in cmdline:
-            found.append(int(entry))
     return found
 
 

@@ -110,7 +110,8 @@ class Demux:
     def idle(self) -> bool:
         """Whether nobody reads and no batch is open (only the idle watcher may read then)."""
         with self._cond:
-            return self._reader is None and len(self._boxes) == 2 and self._closed is None
+            return (self._reader is None and self._closed is None
+                    and not any(type(key) is int for key in self._boxes))  # (batch ids)
 
     def pump(self) -> bool:
         """Read one message that is there now, if nobody else reads, and route it (a log

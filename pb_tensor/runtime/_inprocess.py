@@ -4,6 +4,7 @@ the caller reads its responses."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import queue
 import threading
 import time
@@ -246,28 +247,16 @@ class InProcessEngine:
     ) -> ReadyState | None:
         """The model's ``is_ready()``, on a thread of its own as the stub runs it (beside
         ``execute``, which may be the one asking: ``pb_utils.is_model_ready``)."""
-        lock = threading.Lock()
-        answered: list[ReadyState] = []
-        late: list[bool] = []
-        done = threading.Event()
-
-        def ask() -> None:
-            state = self.host.is_ready()
-            with lock:
-                answered.append(state)
-                gone = bool(late)
-            done.set()
-            if gone:
-                later(state)
-
-        threading.Thread(target=ask, name=f"pb-tensor-readiness-{self.host.info.name}",
+        answer: concurrent.futures.Future[ReadyState] = concurrent.futures.Future()
+        threading.Thread(target=lambda: answer.set_result(self.host.is_ready()),
+                         name=f"pb-tensor-readiness-{self.host.info.name}",
                          daemon=True).start()  # fmt: skip
-        done.wait(timeout)
-        with lock:
-            if answered:
-                return answered[0]
-            late.append(True)
-        return None
+        try:
+            return answer.result(timeout)
+        except concurrent.futures.TimeoutError:
+            # (called at once when the answer came meanwhile)
+            answer.add_done_callback(lambda done: later(done.result()))
+            return None
 
     def stop(self) -> str | None:
         return self.host.finalize()

@@ -211,7 +211,8 @@ class HttpApp:
             settings = core.log_settings
             if method == "POST":
                 body = await _body(scope, receive, core.options.max_input_size)
-                settings.update_json(parse_json(body) if body else {})
+                # (tritonserver parses even an empty body: "The document is empty.")
+                settings.update_json(parse_json(body))
             await _reply(send, 200, json.dumps(settings.as_json(), separators=(",", ":"))
                          .encode(), _JSON)  # fmt: skip
             return
