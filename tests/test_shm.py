@@ -520,6 +520,50 @@ def test_growth_step_covers_large_request(name: str) -> None:
         pool.decref(h)
 
 
+def test_attach_while_another_process_grows(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A pool may grow between an attaching process's two reads of it (its header, its file
+    # size). CI met the order size-then-header: the old size and the new total read as a
+    # corrupted pool. The growth here runs exactly between the two reads, whichever order
+    # they come in.
+    from pb_tensor.shm import _segment
+
+    with SharedMemoryPool.create(1 << 16, growth=1 << 16, name=name) as pool:
+        reads: list[str] = []
+        real_pread, real_fstat = os.pread, os.fstat
+        handles: list[int] = []
+        growing = threading.Event()
+
+        def grow_once() -> None:
+            if not growing.is_set():
+                growing.set()
+                handles.append(pool.allocate(1 << 18))
+
+        def pread(fd: int, n: int, offset: int) -> bytes:
+            if handles or not growing.is_set():  # the growth's own reads are not the attach's
+                reads.append("header")
+            result = real_pread(fd, n, offset)
+            grow_once()  # after the first read, before the second
+            return result
+
+        def fstat(fd: int) -> os.stat_result:
+            if handles or not growing.is_set():
+                reads.append("size")
+            result = real_fstat(fd)
+            grow_once()
+            return result
+
+        monkeypatch.setattr(os, "pread", pread)
+        monkeypatch.setattr(os, "fstat", fstat)
+        fd, total = _segment.open_segment(name)
+        monkeypatch.undo()
+        try:
+            assert reads == ["header", "size"]
+            assert total == 1 << 16 < pool.size  # the total it read: a later use remaps
+        finally:
+            os.close(fd)
+            pool.decref(handles[0])
+
+
 def test_growth_past_maximum_fails_before_touching_memory(name: str) -> None:
     with SharedMemoryPool.create(1 << 16, growth=1 << 16, max_size=3 << 16, name=name) as pool:
         h = pool.allocate(100_000)  # fits after one capped growth step

@@ -294,8 +294,10 @@ def open_segment(name: str) -> tuple[int, int]:
             f"Unable to open shared memory pool '{name}': {exc.strerror}"
         ) from exc
     try:
-        st = os.fstat(fd)
+        # The header first, the size second: a grower extends the file before it writes the
+        # new total (the commit point), so a size read after the header covers that total.
         head = os.pread(fd, heap.POOL_HEAD.size, 0)
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or len(head) < heap.POOL_HEAD.size:
             raise TritonModelException(f"'{name}' is not a pb_tensor shared memory pool")
         magic, version, header_size, total, _, _ = heap.POOL_HEAD.unpack(head)
