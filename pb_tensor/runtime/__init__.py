@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pb_tensor.runtime._calls import InferFuture, ResponseStream
     from pb_tensor.runtime._ensemble import EnsembleModel
-    from pb_tensor.runtime._errors import InferenceError, ModelLoadError
+    from pb_tensor.runtime._errors import (
+        InferenceError,
+        ModelLoadError,
+        RequestRefused,
+        ResponseSenderDropped,
+    )
     from pb_tensor.runtime._model import LoadedModel
     from pb_tensor.runtime._repository import (
         ModelRepository,
@@ -52,6 +57,8 @@ __all__ = [
     "ModelLoadError",
     "ModelRepository",
     "Outputs",
+    "RequestRefused",
+    "ResponseSenderDropped",
     "ResponseStream",
     "ServerModels",
     "config_change_requires_reload",
@@ -73,6 +80,8 @@ _WHERE = {
     "EnsembleModel": "pb_tensor.runtime._ensemble",
     "InferenceError": "pb_tensor.runtime._errors",
     "ModelLoadError": "pb_tensor.runtime._errors",
+    "RequestRefused": "pb_tensor.runtime._errors",
+    "ResponseSenderDropped": "pb_tensor.runtime._errors",
     "LoadedModel": "pb_tensor.runtime._model",
     "ModelRepository": "pb_tensor.runtime._repository",
     "ServerModels": "pb_tensor.runtime._repository",

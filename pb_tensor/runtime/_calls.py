@@ -25,6 +25,7 @@ __all__ = [
     "FutureSink",
     "InferFuture",
     "ResponseStream",
+    "StreamError",
     "first_outputs",
     "start",
     "stream_outputs",
@@ -282,24 +283,39 @@ def start(future: InferFuture, call: Callable[[], Outputs], name: str) -> None:
     _WORKERS.submit(work, name)
 
 
-def stream_outputs(replies: Iterator[Reply], decoupled: bool) -> Generator[Outputs, None, None]:
-    """The outputs of each response among ``replies`` (one request's); an error reply
-    raises. A non-decoupled request has one response: what follows it (an error of a second
-    send) is dropped, as Triton's front ends drop it. Each response's ``final`` says whether
-    it carried the final flag."""
+class StreamError:
+    """An error response among a stream's responses, and whether it carried the final flag
+    (a decoupled model may go on sending after an error response, as Triton delivers)."""
+
+    __slots__ = ("error", "final")
+
+    def __init__(self, error: InferenceError, final: bool) -> None:
+        self.error, self.final = error, final
+
+
+def stream_outputs(
+    replies: Iterator[Reply], decoupled: bool
+) -> Generator[Outputs | StreamError, None, None]:
+    """The outputs of each response among ``replies`` (one request's), an error response as a
+    :class:`StreamError`. A non-decoupled request has one response: what follows it (an
+    error of a second send) is dropped, as Triton's front ends drop it. Each response's
+    ``final`` says whether it carried the final flag."""
     __tracebackhide__ = True
     try:
         for reply in replies:
+            if reply.error is None and not reply.has_response:
+                continue
+            final = not decoupled or bool(reply.flags & FINAL)
             if reply.error is not None:
-                raise reply.error
-            if reply.has_response:
+                yield StreamError(reply.error, final)
+            else:
                 outputs = outputs_of(reply)
-                outputs.final = not decoupled or bool(reply.flags & FINAL)
+                outputs.final = final
                 yield outputs
-                if not decoupled:
-                    for _ in replies:
-                        pass
-                    return
+            if not decoupled:
+                for _ in replies:
+                    pass
+                return
     finally:
         # Now, not when a traceback holding this frame goes: the run holds the model.
         close = getattr(replies, "close", None)
@@ -317,7 +333,9 @@ class ResponseStream(Iterator[Outputs]):
 
     __slots__ = ("_cancellation", "_done", "_replies")
 
-    def __init__(self, replies: Iterator[Outputs], cancellation: Cancellation) -> None:
+    def __init__(
+        self, replies: Iterator[Outputs | StreamError], cancellation: Cancellation
+    ) -> None:
         self._replies = replies
         self._cancellation = cancellation
         self._done = False
@@ -327,6 +345,10 @@ class ResponseStream(Iterator[Outputs]):
 
     def __next__(self) -> Outputs:
         """The next response's outputs.
+
+        An error response raises; when it did not carry the final flag, the request goes on
+        and the next call gives the responses the model sends after it (Triton delivers
+        them). Leaving a ``for`` loop on the error drops the iterator, which closes it.
 
         Raises:
             StopIteration: the model sent its final flag.
@@ -342,10 +364,25 @@ class ResponseStream(Iterator[Outputs]):
                 self._done = True
                 raise
             if not self._cancellation.cancelled:
+                if isinstance(out, StreamError):
+                    if out.final:
+                        self.close()
+                    error = out.error
+                    # The error's traceback keeps this frame: without the stream in it, a
+                    # caller that stops at the error (a for loop) lets the stream go, which
+                    # ends the request then, not when the error itself goes.
+                    del self, out
+                    raise error
                 return out
         self._done = True
         self.close()  # the engine waits (bounded) for the model to finish the request
         raise cancelled_error()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the stream ended: the final flag (or an error response carrying it),
+        a failure, a cancellation, or :meth:`close`; ``next`` raises ``StopIteration`` then."""
+        return self._done
 
     def cancel(self) -> None:
         """Cancel the request (thread-safe): the model sees ``request.is_cancelled()`` and

@@ -29,7 +29,7 @@ from pb_tensor.runtime._ensemble_steps import (
     sequence_override,
     step_request,
 )
-from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._errors import InferenceError, RequestRefused
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._model import LoadedModel
 from pb_tensor.runtime._reshape import renamed
@@ -245,8 +245,9 @@ class EnsembleModel(LoadedModel):
     # -- running ------------------------------------------------------------------------------
     def _replies(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None,
-        priority: int = 0,
+        priority: int = 0, *, queued: bool = False,
     ) -> Iterable[Reply]:
+        # (queued: never asked; an ensemble has no scheduler of its own to queue in)
         if self._decoupled:
             return self._run_batch(batch, timeout, cancel, priority)
         replies = []
@@ -258,11 +259,11 @@ class EnsembleModel(LoadedModel):
 
     def _first_outputs(
         self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
-        priority: int = 0,
+        priority: int = 0, replies: Iterable[Reply] | None = None,
     ) -> Outputs:
         __tracebackhide__ = True
-        if self._decoupled:
-            return super()._first_outputs(data, timeout, cancel, priority)
+        if self._decoupled or replies is not None:
+            return super()._first_outputs(data, timeout, cancel, priority, replies)
         # The one reply of a static run (a response or an error), without the batch's list.
         reply = self._run_static(data, timeout, cancel, priority)
         if reply.error is not None:
@@ -272,7 +273,7 @@ class EnsembleModel(LoadedModel):
     def _refusal(self, data: RequestData) -> Reply | None:
         """The error reply of a request that cannot run (validated here otherwise)."""
         if not self._live:
-            error = InferenceError(
+            error = RequestRefused(
                 f"Request for unknown model: '{self._name}' is not found",
                 TritonError.INVALID_ARG,
             )

@@ -5,7 +5,14 @@ from __future__ import annotations
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._seam import TritonError, TritonErrorCode
 
-__all__ = ["InferenceError", "ModelLoadError", "VersionNotServed", "model_control_error"]
+__all__ = [
+    "InferenceError",
+    "ModelLoadError",
+    "RequestRefused",
+    "ResponseSenderDropped",
+    "VersionNotServed",
+    "model_control_error",
+]
 
 
 class InferenceError(TritonModelException):
@@ -34,6 +41,26 @@ class InferenceError(TritonModelException):
 
     def __reduce__(self) -> tuple[type[InferenceError], tuple[str, int]]:
         return (type(self), (self._message, int(self._code)))
+
+
+class RequestRefused(InferenceError):
+    """A request refused before it reached an instance: invalid for the model's
+    configuration, a full queue, a sequence that did not start, a model that is not loaded.
+
+    Triton returns these from ``TRITONSERVER_ServerInferAsync`` itself, not in a response;
+    its front doors tell the two apart (a gRPC stream's error for a refused request carries
+    only the request's id, and a ``triton_grpc_error`` stream stays open after it).
+    """
+
+
+class ResponseSenderDropped(InferenceError):
+    """The model let go of a request's response sender (it was garbage collected) without
+    sending the final flag.
+
+    Triton's stub deletes the request's response factory then: the client gets no further
+    response and no final flag, and waits; the runtime ends the request with this error
+    instead (``pb-tensor serve`` sends such a client nothing, as Triton does).
+    """
 
 
 class ModelLoadError(TritonModelException):

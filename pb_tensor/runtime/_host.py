@@ -22,6 +22,7 @@ from typing import Any
 from pb_tensor import Tensor
 from pb_tensor.errors import TritonModelException
 from pb_tensor.runtime._background import background_done
+from pb_tensor.runtime._dropped import drop_notice
 from pb_tensor.runtime._model_code import ExecuteOnlyBls, ModelCode
 from pb_tensor.runtime._model_import import UserModelError, format_exception
 from pb_tensor.runtime._reshape import output_reshapes, reshape_outputs
@@ -486,6 +487,7 @@ class Batch:
             functools.partial(self._is_cancelled, index),
             decoupled=self.decoupled,
             requested_output_names=requested_output_names,
+            on_drop=drop_notice(self.sink, index),
         )
         if self.done:
             close_sender(sender)

@@ -145,6 +145,7 @@ class InProcessEngine:
             replies.extend(tracker.reply(_reply_from(*item)))
         waiting = built.waiting() if error is None and tracker.pending else ()
         replies.extend(tracker.done(error, waiting, built.rescheduled))
+        del built  # its senders are the model's now: one it lets go of ends its request
         if not tracker.finished:
             deadline = None if timeout is None else time.monotonic() + timeout
             replies.extend(self._wait(tracker, events, deadline, timeout, cancelled))
@@ -192,12 +193,15 @@ class InProcessEngine:
         deadline = None if timeout is None else time.monotonic() + timeout
         events: queue.SimpleQueue[Event | _Returned] = queue.SimpleQueue()
         cancelled: set[int] = set()
-        requests = self.host.build_requests(
+        # Handed to the thread that runs it, not kept here: once execute returned, the
+        # senders are the model's, and one it lets go of ends its request (_dropped).
+        built = [self.host.build_requests(
             batch, lambda i, r, f: events.put((i, r, f)), _checker(cancel, cancelled)
-        )
+        )]  # fmt: skip
         caller = acting_for()
 
         def work() -> None:
+            requests = built.pop()
             with acting_as(caller):
                 error = self.host.execute(requests)
                 if returned is not None:

@@ -22,7 +22,12 @@ from pb_tensor.runtime._calls import (
     stream_outputs,
 )
 from pb_tensor.runtime._engines import StubEngine, StubFailure
-from pb_tensor.runtime._errors import InferenceError, ModelLoadError, model_control_error
+from pb_tensor.runtime._errors import (
+    InferenceError,
+    ModelLoadError,
+    RequestRefused,
+    model_control_error,
+)
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._inprocess import InProcessEngine
 from pb_tensor.runtime._model_import import UserModelError
@@ -239,23 +244,24 @@ class LoadedModel:
 
     def _replies(
         self, batch: list[RequestData], timeout: float | None, cancel: Cancellation | None = None,
-        priority: int = 0,
+        priority: int = 0, *, queued: bool = False,
     ) -> Iterable[Reply]:
         """Validate, run, and give every reply (errors included) with batch indexes: a list
         when the engine's run completes them all at once, else a generator. ``cancel``: the
-        caller's cancellation of the batch (a batch cancelled while queued does not run)."""
+        caller's cancellation of the batch (a batch cancelled while queued does not run).
+        ``queued``: the scheduler queues the requests now (:meth:`Scheduler.run`)."""
         start_ns = time.monotonic_ns()
         scheduler = self._scheduler
         if len(batch) == 1 and scheduler is not None and self._unrefusable(batch[0]):
             # One valid request, which none of the checks below could refuse: straight on.
             return scheduler.run(batch, [0], self._timeout if timeout is None else timeout,
-                                 cancel, start_ns, priority)  # fmt: skip
+                                 cancel, start_ns, priority, queued=queued)  # fmt: skip
         early: list[Reply] = []
         valid: list[RequestData] = []
         where: list[int] = []
         for i, data in enumerate(batch):
             if isinstance(data.correlation_id, str) and len(data.correlation_id) > 128:
-                error = InferenceError(  # TRITONSERVER_InferenceRequestSetCorrelationIdString
+                error = RequestRefused(  # TRITONSERVER_InferenceRequestSetCorrelationIdString
                     "string correlation ID cannot be longer than 128 characters",
                     TritonError.UNSUPPORTED,
                 )
@@ -273,7 +279,7 @@ class LoadedModel:
             if self._isolated:
                 refusal = gpu_refusal(data.inputs, "input", f"of model '{self._name}'")
                 if refusal is not None:
-                    error = InferenceError(refusal, TritonError.UNSUPPORTED)
+                    error = RequestRefused(refusal, TritonError.UNSUPPORTED)
                     early.append(Reply(i, [], error, "{}", FINAL, False))
                     continue
             valid.append(data)
@@ -289,7 +295,7 @@ class LoadedModel:
         if not valid:
             return early
         ran = scheduler.run(valid, where, self._timeout if timeout is None else timeout,
-                            cancel, start_ns, priority)  # fmt: skip
+                            cancel, start_ns, priority, queued=queued)  # fmt: skip
         if not early:
             return ran
         if type(ran) is list:
@@ -336,14 +342,27 @@ class LoadedModel:
 
     def _first_outputs(
         self, data: RequestData, timeout: float | None, cancel: Cancellation | None,
-        priority: int = 0,
+        priority: int = 0, replies: Iterable[Reply] | None = None,
     ) -> Outputs:
+        """The first response's outputs of ``data``, from ``replies`` when it was queued."""
         __tracebackhide__ = True
         first: Reply | None = None
-        for reply in self._replies([data], timeout, cancel, priority):
+        if replies is None:
+            replies = self._replies([data], timeout, cancel, priority)
+        for reply in replies:
             if first is None and (reply.has_response or reply.error is not None):
                 first = reply
         return first_outputs(first, self._name)
+
+    def _queued_replies(
+        self, data: RequestData, timeout: float | None, cancel: Cancellation, priority: int
+    ) -> Iterable[Reply] | None:
+        """The replies of ``data`` queued now, in the calling thread, where the scheduler has
+        a queue for it; None where it would run in the thread that reads them."""
+        scheduler = self._scheduler
+        if scheduler is None or not scheduler.queues():
+            return None
+        return self._replies([data], timeout, cancel, priority, queued=True)
 
     def infer_async(
         self,
@@ -368,8 +387,11 @@ class LoadedModel:
         as with :meth:`infer`. ``future.cancel()`` cancels the request whether it still waits or
         already runs: the model sees ``request.is_cancelled()`` turn True, and the future
         fails with Triton's CANCELLED error. ``asyncio.wrap_future(future)`` awaits it.
-        Calls made one after the other may reach the scheduler in either order, as concurrent
-        requests reach Triton: make a sequence's next request once the previous one is done.
+        A request queued by the dynamic or the sequence batcher (or a stub model's default
+        scheduler) joins its queue before this returns: calls made one after the other from
+        one thread keep their order there (a sequence's requests need not wait for each
+        other), as the requests of one Triton stream do. Other requests start in the
+        background and reach the model's instances in either order.
 
         Raises:
             TypeError, TritonModelException: as :meth:`infer`, for malformed inputs (at once;
@@ -388,7 +410,11 @@ class LoadedModel:
                                   FutureSink(future, self._name))
         ):  # fmt: skip
             return future
-        start(future, lambda: self._first_outputs(data, timeout, cancellation, priority),
+        # The sequence batcher's queue (which no thread waits on here) takes it now: the
+        # requests of one caller reach it in the caller's order.
+        replies = self._queued_replies(data, timeout, cancellation, priority)
+        start(future, lambda: self._first_outputs(data, timeout, cancellation, priority,
+                                                  replies),
               f"pb-tensor-infer-{self._name}")  # fmt: skip
         return future
 
@@ -458,8 +484,12 @@ class LoadedModel:
         data = self._request(inputs, requested_outputs, parameters, correlation_id, flags,
                              request_id)
         cancellation = Cancellation()
-        replies = self._lazy_replies(data, timeout, cancellation, priority)
-        return ResponseStream(stream_outputs(replies, self._decoupled), cancellation)
+        # Queued now where the scheduler queues it (the requests of one caller keep their
+        # order, as on a Triton stream); else run on the first ``next``.
+        replies = self._queued_replies(data, timeout, cancellation, priority)
+        if replies is None:
+            replies = self._lazy_replies(data, timeout, cancellation, priority)
+        return ResponseStream(stream_outputs(iter(replies), self._decoupled), cancellation)
 
     def _lazy_replies(
         self, data: RequestData, timeout: float | None, cancel: Cancellation, priority: int

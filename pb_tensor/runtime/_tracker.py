@@ -11,11 +11,12 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 from pb_tensor import Tensor
-from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._errors import InferenceError, ResponseSenderDropped
 from pb_tensor.runtime._seam import TritonError
 
 __all__ = [
     "FINAL",
+    "SENDER_DROPPED",
     "Cancellation",
     "Reply",
     "Tracker",
@@ -24,10 +25,14 @@ __all__ = [
     "acts_for",
     "cancelled_error",
     "serving_bls",
+    "sender_dropped_error",
     "serving_bls_here",
 ]
 
 FINAL = 1
+# With FINAL, in the flags of a reply without a response: the model let go of the request's
+# sender without sending the final flag (the host's own flag: Triton's response flags use bit 0).
+SENDER_DROPPED = 1 << 8
 
 
 @dataclass(slots=True)
@@ -68,6 +73,9 @@ class Tracker:
             return []  # after a batch error, or a second final: nobody is waiting for it
         if r.flags & FINAL:
             self.pending.discard(r.index)
+        if r.flags & SENDER_DROPPED:
+            return [Reply(r.index, [], sender_dropped_error(self.instance_name), "{}", FINAL,
+                          False)]  # fmt: skip
         return [r] if (r.has_response or r.error is not None or r.flags & FINAL) else []
 
     def done(self, error: str | None, waiting: Collection[int] = (),
@@ -107,6 +115,16 @@ class Tracker:
         self.pending.intersection_update(keep)
         self.returned = True
         return [Reply(i, [], error, "{}", FINAL, False) for i in ended]
+
+
+def sender_dropped_error(instance_name: str) -> ResponseSenderDropped:
+    """What the caller of a request whose sender the model let go of gets."""
+    return ResponseSenderDropped(
+        f"Failed to process the request(s) for model '{instance_name}', message: the model "
+        "dropped the request's response sender without sending the final flag (Triton's "
+        "client gets no further response and no final flag)",
+        TritonError.INTERNAL,
+    )
 
 
 def cancelled_error() -> InferenceError:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pb_tensor import Tensor, TritonDtype, triton_to_numpy_type
-from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._errors import InferenceError, RequestRefused
 from pb_tensor.runtime._seam import TritonError
 
 __all__ = [
@@ -214,7 +214,7 @@ def _dims(dims: Sequence[int]) -> str:
 
 def _fail(message: str, request_id: str, *, prefix: bool = True) -> InferenceError:
     tag = f"[request id: {request_id or '<id_unknown>'}] " if prefix else ""
-    return InferenceError(tag + message, TritonError.INVALID_ARG)
+    return RequestRefused(tag + message, TritonError.INVALID_ARG)
 
 
 def validate_request(

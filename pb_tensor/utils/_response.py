@@ -120,7 +120,10 @@ class InferenceResponseSender:
     ``is_cancelled`` says whether the client cancelled the request. ``decoupled`` is the
     model's transaction policy, or None when unknown (a sender of a request the model built
     itself for BLS, which upstream refuses to use). When ``requested_output_names`` is given,
-    outputs not in it are dropped before sending, as upstream does.
+    outputs not in it are dropped before sending, as upstream does. ``on_drop`` runs when the
+    sender is garbage collected before it was closed (upstream's stub then deletes the
+    request's response factory); it may run in any thread, inside the garbage collector, so
+    it must only hand the news on (a ``queue.SimpleQueue.put``).
     """
 
     __slots__ = (
@@ -128,6 +131,7 @@ class InferenceResponseSender:
         "_decoupled",
         "_is_cancelled",
         "_lock",
+        "_on_drop",
         "_requested",
         "_send",
         "_sent",
@@ -140,6 +144,7 @@ class InferenceResponseSender:
         *,
         decoupled: bool | None,
         requested_output_names: Collection[str] | None = None,
+        on_drop: Callable[[], None] | None = None,
     ) -> None:
         self._send = send
         self._is_cancelled = is_cancelled
@@ -150,6 +155,7 @@ class InferenceResponseSender:
         self._lock = threading.Lock()
         self._closed = False
         self._sent = 0
+        self._on_drop = on_drop  # last: __del__ reads the other slots once it is set
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         """Send ``response``; ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` closes the sender.
@@ -213,6 +219,12 @@ class InferenceResponseSender:
     def is_cancelled(self) -> bool:
         """Whether the request was cancelled (the client gave up); models may stop early."""
         return bool(self._is_cancelled())
+
+    def __del__(self) -> None:
+        # getattr: a constructor that raised leaves it unset.
+        on_drop = getattr(self, "_on_drop", None)
+        if on_drop is not None and not self._closed:
+            on_drop()
 
     def __repr__(self) -> str:
         return (

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
-from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._errors import InferenceError, RequestRefused
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._scheduling._batch_policy import BatchPolicy
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet, Lease
@@ -189,14 +189,14 @@ class DynamicBatcher:
             ))  # fmt: skip
         with self._cond:
             if self._closed:
-                error = _unloaded(self._name)
+                error = _unloaded(self._name, refused=True)
                 for entry in entries:
                     entry.end(error, self._stats)
                 entries = []
             lane = self._queues[level]
             for entry in entries:
                 if level_policy.max_queue_size and len(lane) >= level_policy.max_queue_size:
-                    entry.end(InferenceError(
+                    entry.end(RequestRefused(
                         f"[request id: {entry.data.request_id or '<id_unknown>'}] Exceeds "
                         "maximum queue size", TritonError.UNAVAILABLE,
                     ), self._stats)  # fmt: skip
@@ -528,10 +528,9 @@ def _deliver(delivery: _Delivery) -> None:
         out.put(reply)
 
 
-def _unloaded(name: str) -> InferenceError:
-    return InferenceError(
-        f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
-    )
+def _unloaded(name: str, *, refused: bool = False) -> InferenceError:
+    kind = RequestRefused if refused else InferenceError  # refused: when it was submitted
+    return kind(f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG)
 
 
 def gather_replies(

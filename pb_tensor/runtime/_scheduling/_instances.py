@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pb_tensor.runtime._engines import Engine
-from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._errors import InferenceError, RequestRefused
 from pb_tensor.runtime._host import HostInfo
 from pb_tensor.runtime._readiness import ReadinessCheck
 from pb_tensor.runtime._seam import TritonError
@@ -110,7 +110,7 @@ class InstanceSet:
                 "is already using all of them (BLS requests to itself nested deeper than its "
                 "instance count, or requests made while iterating its streams)"
             )
-        return InferenceError(text, TritonError.UNAVAILABLE)
+        return RequestRefused(text, TritonError.UNAVAILABLE)
 
     def would_self_wait(self) -> InferenceError | None:
         """:meth:`acquire`'s refusal for the current thread if it asked now (after the same

@@ -4,15 +4,16 @@ recording the statistics of each."""
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pb_tensor.runtime._engines import Cancels
-from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._errors import InferenceError, RequestRefused
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._scheduling._batch_policy import batch_policy, one_at_a_time
-from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, Sink
+from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, Item, Sink, gather_replies
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet, Lease
 from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
 from pb_tensor.runtime._scheduling._sequence_policy import sequence_policy
@@ -23,9 +24,9 @@ from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_err
 __all__ = ["Scheduler", "unloaded_error"]
 
 
-def unloaded_error(name: str) -> InferenceError:
-    """What a request to a model that was unloaded gets (Triton's text)."""
-    return InferenceError(
+def unloaded_error(name: str) -> RequestRefused:
+    """What a request to a model that was unloaded gets (Triton's text), refused."""
+    return RequestRefused(
         f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
     )
 
@@ -86,12 +87,25 @@ class Scheduler:
     ) -> Iterable[Reply]:
         return instance.engine.run(batch, timeout, cancel, returned, on_sent)
 
+    def queues(self, count: int = 1) -> bool:
+        """Whether :meth:`run` puts ``count`` requests of the calling thread in a queue (the
+        sequence batcher's, a dynamic batcher's, a stub model's default scheduler's) rather
+        than running them in that thread."""
+        return self.sequencer is not None or (
+            self.batcher if self._own_thread(count) else self.solo) is not None
+
     def run(
         self, valid: list[RequestData], where: list[int], timeout: float | None,
-        cancel: Cancellation | None, start_ns: int, priority: int = 0,
+        cancel: Cancellation | None, start_ns: int, priority: int = 0, *,
+        queued: bool = False,
     ) -> Iterable[Reply]:
         """The replies of ``valid`` (their caller's indexes: ``where``): a list when they
-        are complete already, else an iterator that runs them on first ``next``."""
+        are complete already, else an iterator that runs them on first ``next``.
+
+        ``queued`` (where :meth:`queues`): put them in the queue now and leave them there,
+        whatever thread reads the replies (a batcher runs a batch it could run at once in
+        the calling thread otherwise): requests queued one after the other from one thread
+        keep that order, as Triton's front ends keep a stream's."""
         if self.sequencer is not None:
             return self.sequencer.submit(valid, where, start_ns, timeout, cancel)
         batcher = self.batcher if self._own_thread(len(valid)) else self.solo
@@ -100,6 +114,11 @@ class Scheduler:
             if refusal is not None:
                 self._failed(len(valid), start_ns)
                 return _ended(where, refusal)
+            if queued:
+                out: queue.SimpleQueue[Item] = queue.SimpleQueue()
+                cancels = batcher.enqueue(valid, where, start_ns, timeout, cancel, priority,
+                                          out)  # fmt: skip
+                return gather_replies(out, len(valid), cancels)
             return batcher.submit(valid, where, start_ns, timeout, cancel, priority)
         if self._eager:
             return self._run_now(valid, where, timeout, cancel, start_ns)

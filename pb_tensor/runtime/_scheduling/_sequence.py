@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from pb_tensor import Tensor
-from pb_tensor.runtime._errors import InferenceError
+from pb_tensor.runtime._errors import InferenceError, RequestRefused
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._scheduling._batcher import gather_replies
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
@@ -128,7 +128,7 @@ class SequenceBatcher:
                 name = next(c.name for c in policy.controls
                             if c.kind == "CONTROL_SEQUENCE_CORRID")  # fmt: skip
                 expects = "BYTES" if corrid_type == "TYPE_STRING" else corrid_type[5:]
-                return InferenceError(
+                return RequestRefused(
                     f"[request id: {data.request_id or '<id_unknown>'}] sequence batching "
                     f"control '{name}' data-type is '{mismatch}', but model '{self._name}' "
                     f"expects '{expects}'", TritonError.INVALID_ARG,
@@ -136,12 +136,12 @@ class SequenceBatcher:
         if policy.batching and data.inputs:
             shape = data.inputs[0].shape()
             if shape and int(shape[0]) > 1:
-                return InferenceError(
+                return RequestRefused(
                     f"inference request to model '{self._name}' must specify batch-size 1 "
                     "due to requirements of sequence batcher", TritonError.INVALID_ARG,
                 )  # fmt: skip
         if corrid in (0, "") and not policy.iterative:
-            return InferenceError(
+            return RequestRefused(
                 f"inference request to model '{self._name}' must specify a non-zero or "
                 "non-empty correlation ID", TritonError.INVALID_ARG,
             )  # fmt: skip
@@ -162,7 +162,7 @@ class SequenceBatcher:
                                  cancel if cancel is not None else Cancellation(), out)  # fmt: skip
                 cancels.append(entry.cancel)
                 if self._closed:
-                    entry.end(_unloaded(self._name), self._stats)
+                    entry.end(_unloaded(self._name, refused=True), self._stats)
                     continue
                 refusal = self._refusal(data)
                 if refusal is None:
@@ -211,7 +211,7 @@ class SequenceBatcher:
         sequence = self._active.get(corrid)
         if sequence is None:
             if not data.flags & _START:
-                return InferenceError(
+                return RequestRefused(
                     f"inference request for sequence {corrid} to model '{self._name}' must "
                     "specify the START flag on the first request of the sequence",
                     TritonError.INVALID_ARG,
@@ -523,7 +523,6 @@ def _null(tensor: Tensor) -> Tensor:
     return Tensor(tensor.name(), np.zeros_like(array))
 
 
-def _unloaded(name: str) -> InferenceError:
-    return InferenceError(
-        f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
-    )
+def _unloaded(name: str, *, refused: bool = False) -> InferenceError:
+    kind = RequestRefused if refused else InferenceError  # refused: when it was submitted
+    return kind(f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG)
