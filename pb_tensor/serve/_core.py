@@ -26,6 +26,7 @@ from pb_tensor.runtime import (
     ModelLoadError,
     ModelRepository,
     Outputs,
+    RequestRefused,
     ResponseStream,
     config_change_requires_reload,
     instance_groups,
@@ -125,7 +126,7 @@ def parse_version(text: str) -> int:
 
 def inference_error(exc: InferenceError) -> ServeError:
     """The runtime's error as a front-door error (same message and code)."""
-    return ServeError(exc.message(), int(exc.code()))
+    return ServeError(exc.message(), int(exc.code()), refused=isinstance(exc, RequestRefused))
 
 
 class Core:

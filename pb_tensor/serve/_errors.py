@@ -38,9 +38,16 @@ def http_status(code: int) -> int:
 
 
 class ServeError(Exception):
-    """A request the front door refuses: Triton's error ``code`` and message text."""
+    """A request the front door refuses: Triton's error ``code`` and message text.
 
-    def __init__(self, message: str, code: int = INVALID_ARG) -> None:
+    ``refused``: the runtime refused the inference request when it was submitted (its
+    ``RequestRefused``), where Triton's ``TRITONSERVER_ServerInferAsync`` fails; False for an
+    error the request met once it ran.
+    """
+
+    def __init__(self, message: str, code: int = INVALID_ARG, *, refused: bool = False
+                 ) -> None:  # fmt: skip
         super().__init__(message)
         self.message = message
         self.code = code
+        self.refused = refused

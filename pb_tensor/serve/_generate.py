@@ -10,12 +10,18 @@ import asyncio
 import json
 import math
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 import numpy as np
 
-from pb_tensor.runtime import InferenceError, LoadedModel
+from pb_tensor.runtime import (
+    InferenceError,
+    LoadedModel,
+    Outputs,
+    ResponseSenderDropped,
+    ResponseStream,
+)
 from pb_tensor.serve._core import Core, inference_error
 from pb_tensor.serve._errors import ServeError, http_status
 from pb_tensor.serve._http_infer import parse_json
@@ -116,10 +122,11 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
 
     def run() -> None:
         try:
-            for outputs in stream:
-                loop.call_soon_threadsafe(queue.put_nowait, _render(model, outputs))
-        except InferenceError as exc:
-            loop.call_soon_threadsafe(queue.put_nowait, inference_error(exc))
+            for item in _responses(stream):
+                if isinstance(item, InferenceError):  # Triton goes on after an error response
+                    loop.call_soon_threadsafe(queue.put_nowait, inference_error(item))
+                else:
+                    loop.call_soon_threadsafe(queue.put_nowait, _render(model, item))
         except ServeError as exc:
             loop.call_soon_threadsafe(queue.put_nowait, exc)
         finally:
@@ -165,6 +172,23 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
         watcher.cancel()
 
 
+def _responses(stream: ResponseStream) -> Iterator[Outputs | InferenceError]:
+    """A decoupled request's responses as Triton's HTTP front end gets them: an error
+    response as its error, and the ones the model sends after it when it was not final;
+    nothing more once the model let go of its sender (no final flag comes in Triton)."""
+    while True:
+        try:
+            yield next(stream)
+        except StopIteration:
+            return
+        except ResponseSenderDropped:
+            return
+        except InferenceError as exc:
+            yield exc
+            if stream.finished:
+                return
+
+
 _NOT_ONE = ("generate expects model to produce exactly 1 response, use generate stream for "
             "model that generates various number of responses")
 
@@ -179,13 +203,14 @@ async def _generate_once(core: Core, model: LoadedModel, inputs: dict[str, Any],
     def run() -> list[dict[str, Any] | ServeError]:
         entries: list[dict[str, Any] | ServeError] = []
         try:
-            for outputs in stream:
+            for item in _responses(stream):
+                if isinstance(item, InferenceError):
+                    entries.append(inference_error(item))
+                    continue
                 try:
-                    entries.append(_render(model, outputs))
+                    entries.append(_render(model, item))
                 except ServeError as exc:
                     entries.append(exc)
-        except InferenceError as exc:
-            entries.append(inference_error(exc))
         finally:
             core.done(model)
         return entries

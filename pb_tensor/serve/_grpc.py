@@ -45,6 +45,24 @@ _STATUS = {
 _M = _protos.message
 
 
+class _Close:
+    """A stream's end with an error status (``triton_grpc_error`` streams)."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code, self.message = code, message
+
+
+def _grpc_error_mode(context: Any) -> bool:
+    """Whether the client opened the stream with the ``triton_grpc_error: true`` header:
+    Triton then ends the stream with the first error a request meets while it runs."""
+    for key, value in context.invocation_metadata() or ():
+        if key == "triton_grpc_error":
+            return bool(value == "true")
+    return False
+
+
 class _Service:
     def __init__(self, core: Core) -> None:
         self.core = core
@@ -149,7 +167,8 @@ class _Service:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         done = object()
         streams: set[Any] = set()
-        state: dict[str, Any] = {"active": 1, "tail": None}
+        state: dict[str, Any] = {"active": 1, "tail": None,
+                                 "grpc_error": _grpc_error_mode(context)}  # fmt: skip
 
         def put(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -171,6 +190,14 @@ class _Service:
                     if state["active"] == 0:
                         return
                     continue
+                if type(item) is _Close:
+                    # As Triton's WriteGRPCErrorResponse: the stream ends with the error's
+                    # status; requests still running are cancelled, their responses dropped.
+                    read.cancel()
+                    for stream in list(streams):
+                        stream.cancel()
+                    await context.abort(_STATUS.get(item.code, grpc.StatusCode.UNKNOWN),
+                                        item.message)  # fmt: skip
                 yield item
         finally:
             read.cancel()
@@ -179,15 +206,18 @@ class _Service:
 
     def _start_stream(self, request: Any, put: Any, done: object, streams: set[Any],
                       state: dict[str, Any]) -> None:
-        def error(message: str, refused: bool = False) -> Any:
+        def error(message: str, refused: bool = False, code: int = INTERNAL,
+                  final: bool = True) -> Any:  # fmt: skip
             # As Triton's stream handler: a request refused before it ran gets an error
             # with only its id; one that failed running also names the model and carries
-            # the final flag.
+            # the final flag, or, in a triton_grpc_error stream, ends the stream.
+            if not refused and state["grpc_error"]:
+                return _Close(code, message)
             response = _M("ModelInferResponse")(id=request.id)
             if not refused:
                 response.model_name = request.model_name
                 response.model_version = request.model_version
-                response.parameters["triton_final_response"].bool_param = True
+                response.parameters["triton_final_response"].bool_param = final
             return _M("ModelStreamInferResponse")(error_message=message,
                                                   infer_response=response)
 
@@ -212,7 +242,7 @@ class _Service:
                 model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
                 parsed.correlation_id, parsed.flags,
             )  # fmt: skip
-        except ServeError as exc:
+        except ServeError as exc:  # refused as it was read, before it ran
             if model is not None and model.decoupled:
                 put(error(exc.message, refused=True))
                 put(done)
@@ -224,13 +254,26 @@ class _Service:
         decoupled = model.decoupled
 
         def run() -> None:
-            from pb_tensor.runtime import InferenceError
+            from pb_tensor.runtime import InferenceError, RequestRefused, ResponseSenderDropped
 
-            # As Triton's stream handler: each response carries its final flag; a flags-only
-            # final is sent (empty) only when the request enabled it.
+            # As Triton's stream handler: each response carries its final flag, an error
+            # response too (a decoupled model may go on after one); a flags-only final is
+            # sent (empty) only when the request enabled it.
             final = False
             try:
-                for outputs in stream:
+                while not final:
+                    try:
+                        outputs = next(stream)
+                    except StopIteration:
+                        break
+                    except ResponseSenderDropped:
+                        # Triton's response factory went with the sender: nothing more comes.
+                        return
+                    except InferenceError as exc:
+                        final = stream.finished
+                        put(error(exc.message(), isinstance(exc, RequestRefused),
+                                  int(exc.code()), final))  # fmt: skip
+                        continue
                     response = response_of(request, model.version, outputs, parsed,
                                            self.core.regions)
                     final = outputs.final
@@ -243,8 +286,6 @@ class _Service:
                     )  # fmt: skip
                     response.parameters["triton_final_response"].bool_param = True
                     put(_M("ModelStreamInferResponse")(infer_response=response))
-            except InferenceError as exc:
-                put(error(exc.message()))
             except Exception as exc:
                 log.exception("stream request on model '%s' failed", request.model_name)
                 put(error(f"{type(exc).__name__}: {exc}"))
@@ -285,8 +326,8 @@ class _Service:
                     response.parameters["triton_final_response"].bool_param = True
                     reply = _M("ModelStreamInferResponse")(infer_response=response)
                 except ServeError as exc:
-                    reply = error(exc.message)
-                if previous is not None:
+                    reply = error(exc.message, exc.refused, exc.code)
+                if previous is not None and type(reply) is not _Close:
                     await asyncio.shield(previous)
                 put(reply)
             finally:
