@@ -201,6 +201,48 @@ MODELS: dict[str, str] = {
 
 DECOUPLED_CONFIG = IDENTITY_CONFIG + "model_transaction_policy { decoupled: true }\n"
 
+# A decoupled model whose IN[0] says what it sends: 0 a response, an error response
+# (UNAVAILABLE "bad step"), a response, then the final flag alone; 1 one response from a
+# thread, then it lets go of the sender; 2 a response and an error response with the final
+# flag; any other n one response [n] with the final flag.
+STEPS_MODEL = """
+import threading
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            mode = int(value(request)[0])
+            error = pb_utils.InferenceResponse(
+                error=pb_utils.TritonError("bad step", pb_utils.TritonError.UNAVAILABLE))
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            if mode == 0:
+                sender.send(ok(request, np.array([1], np.int32)))
+                sender.send(error)
+                sender.send(ok(request, np.array([2], np.int32)))
+                sender.send(flags=final)
+            elif mode == 1:
+                def later(sender=sender, request=request):
+                    sender.send(ok(request, np.array([1], np.int32)))
+                thread = threading.Thread(target=later)
+                thread.start()
+                thread.join()
+            elif mode == 2:
+                sender.send(ok(request, np.array([1], np.int32)))
+                sender.send(error, flags=final)
+            else:
+                sender.send(ok(request, np.array([mode], np.int32)), flags=final)
+        return None
+"""
+
+
+def write_model(root: Path, name: str, code: str, config: str = IDENTITY_CONFIG) -> None:
+    """Model ``name`` under ``root``: ``HEADER`` and ``code`` (dedented) as version 1's
+    ``model.py``, ``config`` after its name as ``config.pbtxt``."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
+    (root / name / "config.pbtxt").write_text(f'name: "{name}"\n{config}')
+
 
 
 def build_repository(root: Path) -> Path:

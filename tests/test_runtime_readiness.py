@@ -7,7 +7,6 @@ asks the same check (``TRITONSERVER_ServerModelIsReady``), a model asking about 
 from __future__ import annotations
 
 import logging
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_models import HEADER, IDENTITY_CONFIG
+from runtime_models import write_model
 
 from pb_tensor.runtime import LoadedModel, ModelRepository
 from pb_tensor.runtime._readiness import ReadinessCheck, ReadyState
@@ -166,9 +165,7 @@ _MODELS = {
 def repo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("readiness")
     for name, code in _MODELS.items():
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
-        (root / name / "config.pbtxt").write_text(f'name: "{name}"\n{IDENTITY_CONFIG}')
+        write_model(root, name, code)
     return root
 
 

@@ -16,13 +16,12 @@
 from __future__ import annotations
 
 import logging
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from runtime_models import HEADER, IDENTITY_CONFIG
+from runtime_models import IDENTITY_CONFIG, STEPS_MODEL, write_model
 
 from pb_tensor.runtime import (
     InferenceError,
@@ -35,35 +34,8 @@ from pb_tensor.runtime import (
 _DECOUPLED = 'model_transaction_policy { decoupled: true }\n'
 
 _MODELS: dict[str, tuple[str, str]] = {
-    # IN[0] selects: 0 sends [ok, error, ok] and the final flag alone; 1 sends one response
-    # and lets go of its sender in a thread; 2 sends [ok, error] with the final flag.
-    "errors_then_more": (_DECOUPLED, """
-        import threading
-
-        class TritonPythonModel:
-            def execute(self, requests):
-                for request in requests:
-                    sender = request.get_response_sender()
-                    mode = int(value(request)[0])
-                    error = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError("bad step"))
-                    if mode == 0:
-                        sender.send(ok(request, np.array([1], np.int32)))
-                        sender.send(error)
-                        sender.send(ok(request, np.array([2], np.int32)))
-                        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                    elif mode == 1:
-                        def later(sender=sender, request=request):
-                            sender.send(ok(request, np.array([1], np.int32)))
-                        thread = threading.Thread(target=later)
-                        thread.start()
-                        thread.join()
-                    else:
-                        sender.send(ok(request, np.array([1], np.int32)))
-                        sender.send(error,
-                                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                return None
-    """),
+    # runtime_models.STEPS_MODEL: IN[0] says what it sends.
+    "errors_then_more": (_DECOUPLED, STEPS_MODEL),
     # A non-decoupled model that takes the sender and lets go of it without sending.
     "drops_sender": ("", """
         class TritonPythonModel:
@@ -104,12 +76,10 @@ _MODELS: dict[str, tuple[str, str]] = {
 def repo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stream_fidelity")
     for name, (extra, code) in _MODELS.items():
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
         config = IDENTITY_CONFIG
-        if name == "batched":  # a batch dimension, then [-1]
+        if name == "batched":  # a batch dimension, then [1]
             config = config.replace("dims: [ -1 ]", "dims: [ 1 ]")
-        (root / name / "config.pbtxt").write_text(f'name: "{name}"\n{config}{extra}')
+        write_model(root, name, code, config + extra)
     return root
 
 

@@ -11,53 +11,21 @@ from __future__ import annotations
 
 import json
 import queue
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from runtime_models import HEADER, IDENTITY_CONFIG
+from runtime_models import DECOUPLED_CONFIG, STEPS_MODEL, write_model
 from serve_support import needs_serve, raw
 
 pytestmark = needs_serve
 
-_MODEL = """
-import threading
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            mode = int(value(request)[0])
-            error = pb_utils.InferenceResponse(
-                error=pb_utils.TritonError("bad step", pb_utils.TritonError.UNAVAILABLE))
-            if mode == 0:  # ok, error, ok, then the final flag alone
-                sender.send(ok(request, np.array([1], np.int32)))
-                sender.send(error)
-                sender.send(ok(request, np.array([2], np.int32)))
-                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            elif mode == 1:  # one response, then the sender is let go of
-                def later(sender=sender, request=request):
-                    sender.send(ok(request, np.array([1], np.int32)))
-                thread = threading.Thread(target=later)
-                thread.start()
-                thread.join()
-            else:  # an answer with the final flag
-                sender.send(ok(request, np.array([mode], np.int32)),
-                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("stream_errors")
-    (root / "steps" / "1").mkdir(parents=True)
-    (root / "steps" / "1" / "model.py").write_text(HEADER + textwrap.dedent(_MODEL))
-    (root / "steps" / "config.pbtxt").write_text(
-        f'name: "steps"\n{IDENTITY_CONFIG}model_transaction_policy {{ decoupled: true }}\n')
+    write_model(root, "steps", STEPS_MODEL, DECOUPLED_CONFIG)
     return root
 
 
