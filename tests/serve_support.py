@@ -128,3 +128,29 @@ def children(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 found.append(int(entry))
     return found
+
+
+def qa_common(qa: Path) -> None:
+    """Upstream's ``qa/common`` helpers the qa client tests import (``../../common``) under
+    the test tree ``qa``."""
+    common = qa / "common"
+    common.mkdir(parents=True, exist_ok=True)
+    for name in ("shm_util.py", "test_util.py"):
+        (common / name).write_bytes((_UPSTREAM_QA / "common" / name).read_bytes())
+
+
+def run_upstream_client(cwd: Path, *args: str, timeout: float = 600,
+                        env: Mapping[str, str] | None = None) -> str:  # fmt: skip
+    """``python <args>`` in ``cwd`` as upstream's ``test.sh`` runs a qa client test, with
+    ``TEST_JETSON=1`` (upstream's switch that skips ``shm_util``'s leak probe, which reads
+    Triton's own regions through a compiled module) and ``env``; its output, asserting it
+    passed."""
+    env = dict(os.environ, TEST_JETSON="1", **(env or {}))
+    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)  # fmt: skip
+    report = done.stdout + done.stderr
+    assert done.returncode == 0, report
+    return report
+
+
+_UPSTREAM_QA = Path(REPO_ROOT) / "tests" / "upstream" / "server" / "qa"

@@ -19,15 +19,18 @@ ports the test hard-codes (8000-8002: skipped when they are taken).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from serve_support import needs_serve, serve_process, skip_unless_upstream_ports
+from serve_support import (
+    needs_serve,
+    qa_common,
+    run_upstream_client,
+    serve_process,
+    skip_unless_upstream_ports,
+)
 from upstream_models import UPSTREAM
 
 pytestmark = needs_serve
@@ -50,9 +53,7 @@ def _model(models: Path, name: str, *edits: tuple[str, str], extra: str = "") ->
 
 def _layout(work: Path) -> Path:
     """The test's directory, as upstream's tree has it (``../../common`` beside it)."""
-    (work / "common").mkdir()
-    for name in ("shm_util.py", "test_util.py"):
-        shutil.copy(_QA / "common" / name, work / "common" / name)
+    qa_common(work)
     here = work / "L0_backend_python" / "lifecycle"
     here.mkdir(parents=True)
     shutil.copy(_TEST, here / _TEST.name)
@@ -83,11 +84,6 @@ def test_lifecycle(tmp_path: Path, mode: str) -> None:
     if mode == "in-process":
         args.append("--in-process")
     with serve_process(args, here / "lifecycle_server.log"):
-        done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", _TEST.name],
-            cwd=here, env=dict(os.environ, TEST_JETSON="1"), capture_output=True, text=True,
-            timeout=600, check=False,
-        )  # fmt: skip
-    report = done.stdout + done.stderr
-    assert done.returncode == 0, report
+        report = run_upstream_client(here, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                     _TEST.name)  # fmt: skip
     assert f"{_CASES} passed" in report, report

@@ -23,17 +23,22 @@ when they are taken).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from serve_support import needs_serve, raw, serve_process, skip_unless_upstream_ports
+from serve_support import (
+    needs_serve,
+    qa_common,
+    raw,
+    run_upstream_client,
+    serve_process,
+    skip_unless_upstream_ports,
+)
 from upstream_models import UPSTREAM
 
 pytestmark = needs_serve
@@ -45,9 +50,7 @@ _MODEL = _QA / "python_models" / "identity_fp32_logging"
 def _layout(work: Path) -> Path:
     """Upstream's qa tree as the tests find their ``../common`` (``../../common``)."""
     qa = work / "qa"
-    for name in ("shm_util.py", "test_util.py"):
-        (qa / "common").mkdir(parents=True, exist_ok=True)
-        shutil.copy(_QA / "common" / name, qa / "common" / name)
+    qa_common(qa)
     (qa / "L0_logging").mkdir()
     shutil.copy(_QA / "L0_logging" / "logging_endpoint_test.py", qa / "L0_logging")
     (qa / "L0_backend_python" / "logging").mkdir(parents=True)
@@ -73,19 +76,10 @@ def _server(work: Path, log: Path, mode: str, *extra: str,
         yield server
 
 
-def _run(cwd: Path, *args: str) -> str:
-    env = dict(os.environ, TEST_JETSON="1")
-    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)  # fmt: skip
-    report = done.stdout + done.stderr
-    assert done.returncode == 0, report
-    return report
-
-
 def test_logging_endpoint(tmp_path: Path) -> None:
     qa = _layout(tmp_path)
     with _server(tmp_path, tmp_path / "server.log", "stub processes"):
-        report = _run(qa / "L0_logging", "logging_endpoint_test.py")
+        report = run_upstream_client(qa / "L0_logging", "logging_endpoint_test.py")
     # test.sh: check_test_results $TEST_RESULT_FILE $EXPECTED_NUM_TESTS (4)
     results = json.loads((qa / "L0_logging" / "test_results.txt").read_text())
     assert results == {"total": 4, "errors": 0, "failures": 0}, report
@@ -108,7 +102,7 @@ def test_python_model_logging(tmp_path: Path, mode: str) -> None:
 
     log = tmp_path / "default.log"
     with _server(tmp_path, log, mode):
-        _run(here, *test)
+        run_upstream_client(here, *test)
     assert _counts(log) == (4, 4, 4, 4, 0), log.read_text()
 
     log = tmp_path / "verbose.log"
@@ -116,7 +110,7 @@ def test_python_model_logging(tmp_path: Path, mode: str) -> None:
         status, _, body = raw("localhost:8000", "POST", "/v2/logging",
                               b'{"log_verbose_level":1}')  # fmt: skip
         assert status == 200, body
-        _run(here, *test)
+        run_upstream_client(here, *test)
     assert _counts(log) == (4, 4, 4, 4, 3), log.read_text()
 
     log = tmp_path / "disabled.log"
@@ -125,7 +119,7 @@ def test_python_model_logging(tmp_path: Path, mode: str) -> None:
             status, _, body = raw("localhost:8000", "POST", "/v2/logging",
                                   json.dumps({name: False}).encode())  # fmt: skip
             assert status == 200, body
-        _run(here, *test)
+        run_upstream_client(here, *test)
     assert _counts(log) == (1, 1, 1, 1, 0), log.read_text()
 
 
@@ -139,7 +133,7 @@ def test_info_on_standard_output_warnings_and_errors_on_standard_error(tmp_path:
     _layout(tmp_path)
     out, err = tmp_path / "server.log", tmp_path / "server_error.log"
     with _server(tmp_path, out, "stub processes", "--log-verbose=1", err=err):
-        _run(tmp_path / "qa" / "L0_backend_python" / "logging", "-m", "pytest",
+        run_upstream_client(tmp_path / "qa" / "L0_backend_python" / "logging", "-m", "pytest",
              "-p", "no:cacheprovider", "logging_test.py")  # fmt: skip
     stdout, stderr = out.read_text(), err.read_text()
     assert re.search(f"^I{_LOG_REGEX}", stdout, re.M), stdout
