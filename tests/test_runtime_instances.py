@@ -345,3 +345,18 @@ instance_group [
         ": instance group bad_0 of model bad specifies invalid or unsupported gpu id 5. GPUs "
         "with at least the minimum required CUDA compute compatibility of 6.000000 are: 0, 1"
     )
+
+
+@MODES
+@pytest.mark.parametrize(("name", "groups"), [
+    ("rec$1", ""),  # the model's name (its auto-complete stub's)
+    ("rec", 'instance_group [ { name: "g(1)" count: 1 kind: KIND_CPU } ]\n'),  # an instance's
+])  # fmt: skip
+def test_a_stub_name_python_backend_refuses(tmp_path: Path, isolated: bool, name: str,
+                                            groups: str) -> None:  # fmt: skip
+    # python_backend's IsValidIdentifier: no stub starts under a name with a shell character.
+    _write(tmp_path, groups, name=name)
+    with ModelRepository(tmp_path) as repo, pytest.raises(ModelLoadError) as info:
+        repo.load(name, isolated=isolated)
+    assert str(info.value).endswith(": Invalid stub name: contains invalid characters")
+    assert str(info.value).startswith(f"failed to load model '{name}' version 1 (")

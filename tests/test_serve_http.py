@@ -327,3 +327,49 @@ def test_strict_model_config_refuses_a_model_without_config(triton_server: Any) 
     assert index["auto_complete"]["reason"].startswith("no ")
     assert index["auto_complete"]["reason"].endswith(
         "auto_complete/config.pbtxt (strict model config)")
+
+
+def test_load_override_file_paths_as_core_joins_them(triton_server: Any) -> None:
+    # Core's JoinPath appends "/1/model.py" to the model directory (not an absolute path);
+    # a path that leaves the directory is refused with core's text.
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    server = triton_server(EXAMPLES, model_control_mode="explicit", in_process=True,
+                           allow_grpc=False)
+    with open(f"{EXAMPLES}/add_sub/1/model.py", "rb") as f:
+        model_py = f.read()
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        client.load_model("add_sub")
+        config = json.dumps(client.get_model_config("add_sub"))
+        client.load_model("add_sub", config=config, files={"file:/1/model.py": model_py})
+        assert client.is_model_ready("add_sub")
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model("add_sub", config=config,
+                              files={"file:1/../../escape.py": model_py})  # fmt: skip
+        message = caught.value.message()
+        assert message.startswith("failed to load 'add_sub': Invalid file parameter "
+                                  "'file:1/../../escape.py' with normalized path '")
+        assert message.endswith("escape.py' must stay within model directory.")
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["stubs", "in_process"])
+def test_a_model_name_python_backend_refuses(triton_server: Any, in_process: bool) -> None:
+    # python_backend refuses to start a stub whose name holds a shell character.
+    import base64
+
+    server = triton_server(EXAMPLES, model_control_mode="explicit", in_process=in_process,
+                           allow_grpc=False)
+    with open(f"{EXAMPLES}/add_sub/1/model.py", "rb") as f:
+        model_py = base64.b64encode(f.read()).decode()
+    config = {"name": "a;b", "backend": "python",
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]},
+                        {"name": "INPUT1", "data_type": "TYPE_FP32", "dims": [4]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]},
+                         {"name": "OUTPUT1", "data_type": "TYPE_FP32", "dims": [4]}]}
+    body = json.dumps({"parameters": {"config": json.dumps(config),
+                                      "file:1/model.py": model_py}}).encode()
+    status, message = error_of(server.http_url, "/v2/repository/models/a;b/load", body)
+    assert status == 400
+    assert message.startswith("load failed for model 'a;b': failed to load model 'a;b' ")
+    assert message.endswith(": Invalid stub name: contains invalid characters\n")

@@ -418,6 +418,7 @@ class ModelRepository:
 
         engines: list[StubEngine] = []
         cls: type | None = None
+        _check_stub_name(name, where)  # (the auto-complete stub's, named after the model)
         try:
             if isolated:
                 engines.append(StubEngine(self.pool, model_path, name, on_stub_message))
@@ -446,6 +447,8 @@ class ModelRepository:
 
             planned = plan(final)
             infos = [info for info, _ in planned]
+            for info in infos:
+                _check_stub_name(info.instance_name, where)
             model = LoadedModel(
                 self, name=name, version=version, config=_schema.config_to_dict(final),
                 spec=ModelSpec.from_config(final), isolated=isolated,
@@ -843,3 +846,22 @@ def _gpu_count() -> int:
     from pb_tensor import cuda  # only a KIND_GPU instance group needs the CUDA facade
 
     return cuda.device_count()
+
+
+# python_backend's INVALID_CHARS (pb_utils.h): a stub's name is passed to a shell, and names
+# holding any of these are refused before one is started (StubLauncher::Launch).
+_INVALID_STUB_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
+
+
+def _check_stub_name(stub_name: str, where: str) -> None:
+    """Refuse, as python_backend does in both of its stubs' launches, a model or instance
+    name with a character its ``IsValidIdentifier`` rejects (in-process too: the model must
+    load in Triton).
+
+    Raises:
+        ModelLoadError: upstream's ``Invalid stub name: contains invalid characters``.
+    """
+    if not stub_name or not _INVALID_STUB_CHARS.isdisjoint(stub_name):
+        raise ModelLoadError(
+            f"failed to load {where}: Invalid stub name: contains invalid characters"
+        )

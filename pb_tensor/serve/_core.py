@@ -625,10 +625,14 @@ class Core:
             if files:
                 os.makedirs(model_dir)
                 for rel, data in files.items():
-                    path = os.path.normpath(os.path.join(model_dir, rel))
+                    # Core's JoinPath: a path starting with "/" is appended too (relative to
+                    # the model directory), not taken as absolute.
+                    path = os.path.normpath(model_dir + ("" if rel.startswith("/") else "/")
+                                            + rel)  # fmt: skip
                     if not path.startswith(model_dir + os.sep):
-                        raise ServeError(f"failed to load '{name}': file path '{rel}' leaves "
-                                         "the model directory")
+                        raise ServeError(f"failed to load '{name}': Invalid file parameter "
+                                         f"'file:{rel}' with normalized path '{path}' must "
+                                         "stay within model directory.")
                     os.makedirs(os.path.dirname(path), exist_ok=True)
                     with open(path, "wb") as f:
                         f.write(data)

@@ -7,7 +7,6 @@ key (a single element as a scalar), with the response's parameters."""
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import threading
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
@@ -25,7 +24,7 @@ from pb_tensor.runtime import (
 from pb_tensor.serve._core import Core, inference_error
 from pb_tensor.serve._errors import ServeError, http_status
 from pb_tensor.serve._http_infer import parse_json
-from pb_tensor.serve._tensors import from_json
+from pb_tensor.serve._tensors import bytes_text, from_json, json_bytes
 
 __all__ = ["generate"]
 
@@ -80,8 +79,8 @@ def _render(model: LoadedModel, outputs: Any) -> dict[str, Any]:
     for name, array in outputs.items():
         flat = array.reshape(-1)
         if array.dtype == object:
-            values: list[Any] = [v.decode("utf-8", "replace") if isinstance(v, bytes) else
-                                 str(v) for v in flat.tolist()]
+            values: list[Any] = [bytes_text(v) if isinstance(v, bytes) else str(v)
+                                 for v in flat.tolist()]
         elif array.dtype == np.float16:
             raise ServeError("sending FP16 data via JSON is not supported. Please use the "
                              "binary data format for output")
@@ -108,12 +107,12 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
         return
     if not model.decoupled:  # one response
         outputs = await core.infer(model, inputs, None, parameters, "", 0, 0)
-        text = json.dumps(_render(model, outputs))
+        text = json_bytes(_render(model, outputs))
         if streaming:
-            await _send_all(send, 200, [f"data: {text}\n\n".encode()],
+            await _send_all(send, 200, [b"data: " + text + b"\n\n"],
                             b"text/event-stream; charset=utf-8")
         else:
-            await _send_all(send, 200, [text.encode()], b"application/json")
+            await _send_all(send, 200, [text], b"application/json")
         return
     stream = core.stream(model, inputs, None, parameters, "", 0, 0)
     loop = asyncio.get_running_loop()
@@ -155,14 +154,14 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
             if isinstance(item, ServeError):
                 if not started:
                     raise item
-                text = json.dumps({"error": item.message})
+                text = json_bytes({"error": item.message})
             else:
-                text = json.dumps(item)
+                text = json_bytes(item)
             if not started:
                 await send({"type": "http.response.start", "status": 200, "headers": [
                     (b"content-type", b"text/event-stream; charset=utf-8")]})
                 started = True
-            await send({"type": "http.response.body", "body": f"data: {text}\n\n".encode(),
+            await send({"type": "http.response.body", "body": b"data: " + text + b"\n\n",
                         "more_body": True})
         if not started:
             await send({"type": "http.response.start", "status": 200, "headers": [
@@ -235,12 +234,12 @@ async def _generate_once(core: Core, model: LoadedModel, inputs: dict[str, Any],
     first = entries[0] if entries else None
     status = http_status(first.code) if isinstance(first, ServeError) else 200
     if len(entries) != 1:
-        text = json.dumps({"error": _NOT_ONE})
+        text = json_bytes({"error": _NOT_ONE})
     elif isinstance(first, ServeError):
-        text = json.dumps({"error": first.message})
+        text = json_bytes({"error": first.message})
     else:
-        text = json.dumps(first)
-    await _send_all(send, status, [text.encode()], b"application/json")
+        text = json_bytes(first)
+    await _send_all(send, status, [text], b"application/json")
 
 
 async def _send_all(send: Send, status: int, parts: list[bytes], ctype: bytes) -> None:

@@ -17,6 +17,7 @@ from pb_tensor.serve._tensors import (
     datatype_of,
     from_json,
     from_raw,
+    json_bytes,
     raw_bytes,
     to_json,
 )
@@ -24,7 +25,6 @@ from pb_tensor.serve._tensors import (
 __all__ = ["InferCall", "json_error_text", "parse_infer", "parse_json", "render_infer"]
 
 _INT32_MAX = 2**31 - 1
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=True)
 
 # rapidjson's texts (GetParseError_En) for what Python's json reports.
 _JSON_TEXTS = (
@@ -305,7 +305,7 @@ def render_infer(
     if parameters:
         response["parameters"] = parameters
     response["outputs"] = out_json
-    head = _ENCODER.encode(response).encode()
+    head = json_bytes(response)
     if not blobs:
         return [head], None
     return [head, *blobs], len(head)

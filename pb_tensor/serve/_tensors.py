@@ -3,6 +3,7 @@ the request before anything is allocated."""
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from collections.abc import Sequence
@@ -15,6 +16,8 @@ from pb_tensor import TritonModelException, deserialize_bytes_tensor
 from pb_tensor.serve._errors import INVALID_ARG, ServeError
 
 __all__ = [
+    "bytes_text",
+    "json_bytes",
     "DTYPES",
     "bytes_wire",
     "check_shape",
@@ -260,6 +263,26 @@ def raw_bytes(array: npt.NDArray[Any]) -> bytes | memoryview:
     return contiguous.data.cast("B") if contiguous.size else b""
 
 
+_WRITER = json.JSONEncoder(separators=(",", ":"), allow_nan=True, ensure_ascii=False)
+
+
+def bytes_text(value: bytes) -> str:
+    """A BYTES element as a JSON string value: its bytes as they are once :func:`json_bytes`
+    writes it (invalid UTF-8 included, as ``surrogateescape`` keeps it)."""
+    return value.decode("utf-8", "surrogateescape")
+
+
+def json_bytes(document: Any) -> bytes:
+    """``document`` as Triton's JSON writer (rapidjson, unvalidated UTF-8) writes it: text as
+    UTF-8, not ``\\u`` escapes, and a BYTES element's bytes unchanged (:func:`bytes_text`),
+    so a client reading a non-UTF-8 element as JSON fails as a Triton client does."""
+    text = _WRITER.encode(document)
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate of another origin: escaped, as JSON can
+        return json.dumps(document, separators=(",", ":"), allow_nan=True).encode()
+
+
 def to_json(array: npt.NDArray[Any], name: str) -> list[Any]:
     """The JSON ``data`` of an output array, flat (row-major).
 
@@ -273,7 +296,7 @@ def to_json(array: npt.NDArray[Any], name: str) -> list[Any]:
         )
     if array.dtype == object or array.dtype.kind in "SU":
         return [
-            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+            bytes_text(v) if isinstance(v, bytes) else str(v)
             for v in array.reshape(-1).tolist()
         ]
     flat: list[Any] = array.reshape(-1).tolist()
