@@ -185,6 +185,47 @@ def test_with_share_inputs_the_steps_get_the_callers_arrays(tmp_path: Path) -> N
     np.testing.assert_array_equal(given, [99, 99, 99])
 
 
+# OUT is IN through DLPack (a legacy capsule: a read-only import), as qa dlpack_io_identity.
+DLPACK_ECHO = (
+    """
+    backend: "python"
+    input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]
+    """,
+    """
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "IN")
+                y = pb_utils.Tensor.from_dlpack("OUT", x.to_dlpack())
+                out.append(pb_utils.InferenceResponse([y]))
+            return out
+    """,
+)
+
+
+def test_with_share_inputs_a_read_only_step_output_reaches_the_next_step_writable(
+    tmp_path: Path,
+) -> None:
+    # Triton hands every step a buffer of its own: the second step exports its input through
+    # DLPack and writes into it, though the first one answered with a read-only import.
+    root = tmp_path / "models"
+    models = {"echo": DLPACK_ECHO, "spoil": MODELS["spoil"],
+              "chain": ensemble([step("echo", {"IN": "IN"}, {"OUT": "t"}),
+                                 step("echo", {"IN": "t"}, {"OUT": "u"}),
+                                 step("spoil", {"IN": "u"}, {"OUT": "OUT"})], ["OUT"])}
+    for name, spec in models.items():
+        config, code = (spec, None) if isinstance(spec, str) else spec
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
+        if code is not None:
+            (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
+    with ModelRepository(root, share_inputs=True) as repo:
+        got = repo.load("chain", isolated=False).infer({"IN": np.array([1, 2], np.int32)})
+    np.testing.assert_array_equal(got["OUT"], [2, 3])
+
+
 KINDS = (
     """
     backend: "python"

@@ -348,6 +348,13 @@ def step_request(
                 view = tensor if tensor.name() == model_input else renamed(tensor, model_input)
             else:
                 view = renamed(tensor, model_input, shape)
+            if not copies and dtype in _PLAIN and view.is_cpu():
+                # Shared as it is (share_inputs): Triton hands each step a buffer of its
+                # own, which the model may write into and export through DLPack; data a
+                # step cannot write (a read-only output of the step before) goes as a copy.
+                array = view.as_numpy()
+                if not array.flags.writeable:
+                    view = Tensor(model_input, array.copy())
             got = view.shape() if valid else ()
         inputs.append(view)
         if valid and checks is not None:
