@@ -53,13 +53,14 @@ def test_parameters_and_requested_outputs() -> None:
     request.parameters["sequence_id"].int64_param = 5
     request.parameters["sequence_start"].bool_param = True
     request.parameters["custom"].string_param = "x"
+    request.parameters["ratio"].double_param = 0.25  # Triton's double parameters (24.02 on)
     request.outputs.add(name="OUT1")
     out = request.outputs.add(name="OUT0")
     out.parameters["shared_memory_region"].string_param = "r"
     out.parameters["shared_memory_byte_size"].int64_param = 8
     parsed = _parse(request)
     assert (parsed.correlation_id, parsed.flags) == (5, 1)
-    assert parsed.parameters == {"custom": "x"}
+    assert parsed.parameters == {"custom": "x", "ratio": 0.25}
     assert parsed.requested == ["OUT1", "OUT0"]
     assert parsed.shm == {"OUT0": ("r", 0, 8)}
 

@@ -373,3 +373,39 @@ def test_a_model_name_python_backend_refuses(triton_server: Any, in_process: boo
     assert status == 400
     assert message.startswith("load failed for model 'a;b': failed to load model 'a;b' ")
     assert message.endswith(": Invalid stub name: contains invalid characters\n")
+
+
+_PARAMS_ECHO = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", np.array([r.parameters().encode()], dtype=object))]) for r in requests]
+'''
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["stubs", "in_process"])
+def test_double_parameters_reach_the_model(triton_server: Any, tmp_path: Any,
+                                           in_process: bool) -> None:  # fmt: skip
+    # Triton takes a JSON number that is not an integer (HTTP) and double_param (gRPC) as a
+    # double parameter since 24.02; python_backend puts it in request.parameters().
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    (tmp_path / "echo" / "1").mkdir(parents=True)
+    (tmp_path / "echo" / "1" / "model.py").write_text(_PARAMS_ECHO)
+    (tmp_path / "echo" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
+    server = triton_server(str(tmp_path), in_process=in_process, allow_metrics=False)
+    for module, url in ((httpclient, server.http_url), (grpcclient, server.grpc_url)):
+        with module.InferenceServerClient(url) as client:
+            tensor = module.InferInput("IN", [1], "INT32")
+            tensor.set_data_from_numpy(np.array([1], np.int32))
+            result = client.infer("echo", [tensor], parameters={"ratio": 0.25, "n": 3})
+            got = json.loads(result.as_numpy("OUT")[0])
+            assert got == {"ratio": 0.25, "n": 3}
+            assert type(got["ratio"]) is float

@@ -51,7 +51,13 @@ from pb_tensor.runtime._validate import (
     known_outputs,
     validate_request,
 )
-from pb_tensor.runtime._values import InputValue, Outputs, ParameterValue, outputs_of, to_tensor
+from pb_tensor.runtime._values import (
+    InputValue,
+    Outputs,
+    RequestParameterValue,
+    outputs_of,
+    to_tensor,
+)
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -207,7 +213,7 @@ class LoadedModel:
         self,
         inputs: Mapping[str, InputValue],
         requested_outputs: Sequence[str] | None,
-        parameters: Mapping[str, ParameterValue] | None,
+        parameters: Mapping[str, RequestParameterValue] | None,
         correlation_id: int | str,
         flags: int,
         request_id: str,
@@ -307,7 +313,7 @@ class LoadedModel:
         inputs: Mapping[str, InputValue],
         *,
         requested_outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, ParameterValue] | None = None,
+        parameters: Mapping[str, RequestParameterValue] | None = None,
         correlation_id: int | str = 0,
         flags: int = 0,
         sequence_start: bool = False,
@@ -369,7 +375,7 @@ class LoadedModel:
         inputs: Mapping[str, InputValue],
         *,
         requested_outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, ParameterValue] | None = None,
+        parameters: Mapping[str, RequestParameterValue] | None = None,
         correlation_id: int | str = 0,
         flags: int = 0,
         sequence_start: bool = False,
@@ -423,7 +429,7 @@ class LoadedModel:
         requests: Sequence[Mapping[str, InputValue]],
         *,
         requested_outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, ParameterValue] | None = None,
+        parameters: Mapping[str, RequestParameterValue] | None = None,
         timeout: float | None = None,
     ) -> list[Outputs | InferenceError]:
         """Run several requests together. Without ``dynamic_batching`` they reach the
@@ -458,7 +464,7 @@ class LoadedModel:
         inputs: Mapping[str, InputValue],
         *,
         requested_outputs: Sequence[str] | None = None,
-        parameters: Mapping[str, ParameterValue] | None = None,
+        parameters: Mapping[str, RequestParameterValue] | None = None,
         correlation_id: int | str = 0,
         flags: int = 0,
         sequence_start: bool = False,

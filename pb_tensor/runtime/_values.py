@@ -24,6 +24,7 @@ __all__ = [
     "first_response",
     "Outputs",
     "ParameterValue",
+    "RequestParameterValue",
     "outputs_of",
     "response_of",
     "to_tensor",
@@ -39,6 +40,11 @@ InputValue = Any
 or what ``numpy.asarray`` accepts (lists of numbers, of ``str`` or ``bytes`` for BYTES)."""
 
 ParameterValue = bool | int | str
+"""A response parameter (what a model's ``InferenceResponse`` may carry)."""
+
+RequestParameterValue = bool | int | float | str
+"""A request parameter: Triton's bool, int64, double and string parameters (a model's
+``request.parameters()`` gives them as JSON)."""
 
 
 class Outputs(dict[str, npt.NDArray[Any]]):

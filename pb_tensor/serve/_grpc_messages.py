@@ -143,7 +143,7 @@ class Request:
                     "Only the following keys starting with 'triton_' are allowed: "
                     "triton_enable_empty_final_response"
                 )
-            elif kind not in ("int64_param", "bool_param", "string_param"):
+            elif kind not in ("int64_param", "bool_param", "string_param", "double_param"):
                 raise ServeError(f"invalid value type for '{key}' parameter, expected "
                                  "int64_param, bool_param, or string_param.")
             else:

@@ -267,7 +267,8 @@ def _parse_parameters(request: dict[str, Any], call: InferCall) -> None:
             raise ServeError("parameter keys starting with 'triton_' are reserved for Triton "
                              "usage and should not be specified.")
         else:
-            if isinstance(value, float) or not isinstance(value, (bool, int, str)):
+            # A number that is not an integer is a double parameter (Triton 24.02 on).
+            if not isinstance(value, (bool, int, float, str)):
                 raise ServeError(f"parameter '{key}' has invalid type. It should be either "
                                  "'int', 'bool', or 'string'.")
             call.parameters[key] = value
