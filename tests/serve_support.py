@@ -154,3 +154,25 @@ def run_upstream_client(cwd: Path, *args: str, timeout: float = 600,
 
 
 _UPSTREAM_QA = Path(REPO_ROOT) / "tests" / "upstream" / "server" / "qa"
+
+
+_PARAMS_ECHO = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", np.array([r.parameters().encode()], dtype=object))]) for r in requests]
+"""
+
+
+def params_echo(root: Path) -> None:
+    """Model ``echo`` under ``root``: OUT is the request's ``parameters()`` (its JSON text),
+    whatever INT32 ``IN`` (one element) holds."""
+    (root / "echo" / "1").mkdir(parents=True)
+    (root / "echo" / "1" / "model.py").write_text(_PARAMS_ECHO)
+    (root / "echo" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]\n')

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from serve_support import EXAMPLES, add_sub_json, error_of, needs_serve, raw
+from serve_support import EXAMPLES, add_sub_json, error_of, needs_serve, params_echo, raw
 
 pytestmark = needs_serve
 
@@ -375,18 +375,6 @@ def test_a_model_name_python_backend_refuses(triton_server: Any, in_process: boo
     assert message.endswith(": Invalid stub name: contains invalid characters\n")
 
 
-_PARAMS_ECHO = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", np.array([r.parameters().encode()], dtype=object))]) for r in requests]
-'''
-
-
 @pytest.mark.parametrize("in_process", [False, True], ids=["stubs", "in_process"])
 def test_double_parameters_reach_the_model(triton_server: Any, tmp_path: Any,
                                            in_process: bool) -> None:  # fmt: skip
@@ -395,11 +383,7 @@ def test_double_parameters_reach_the_model(triton_server: Any, tmp_path: Any,
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    (tmp_path / "echo" / "1").mkdir(parents=True)
-    (tmp_path / "echo" / "1" / "model.py").write_text(_PARAMS_ECHO)
-    (tmp_path / "echo" / "config.pbtxt").write_text(
-        'backend: "python"\ninput [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]\n')
+    params_echo(tmp_path)
     server = triton_server(str(tmp_path), in_process=in_process, allow_metrics=False)
     for module, url in ((httpclient, server.http_url), (grpcclient, server.grpc_url)):
         with module.InferenceServerClient(url) as client:

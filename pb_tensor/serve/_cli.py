@@ -70,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--log-file", default="", metavar="PATH",
         help="write the log to this file (default: info records to standard output, "
              "warnings and errors to standard error)")
+    add("--exit-timeout-secs", type=int, default=30, metavar="SECONDS",
+        help="how long a stop waits for requests in flight (default 30)")
+    for name in ("http", "grpc"):
+        add(f"--{name}-header-forward-pattern", default="", metavar="REGEX",
+            help=f"{name.upper()} headers whose names match (anywhere, ignoring case; "
+                 "(?-i) first: minding it) become string request parameters")
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
         help="largest HTTP request body accepted (default 64 MiB)")
     add("--host-policy", action="append", type=_host_policy, default=[],
@@ -107,6 +113,9 @@ def options_from_args(args: argparse.Namespace) -> Any:
         in_process=args.in_process,
         inline_quick_models=args.inline_quick_models,
         max_input_size=args.http_max_input_size, host_policies=policies,
+        exit_timeout_secs=args.exit_timeout_secs,
+        http_header_forward_pattern=args.http_header_forward_pattern,
+        grpc_header_forward_pattern=args.grpc_header_forward_pattern,
     )  # fmt: skip
 
 
@@ -157,7 +166,7 @@ def main(args: argparse.Namespace) -> int:
         finally:
             sys.stdout.write("Stopping: draining requests, unloading models\n")
             sys.stdout.flush()
-            server.stop()
+            server.stop(drain_timeout=max(0, args.exit_timeout_secs))
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

@@ -42,6 +42,7 @@ from pb_tensor.serve._errors import (
     ServeError,
 )
 from pb_tensor.serve._handoff import Handoff, await_future
+from pb_tensor.serve._headers import HeaderForwarder
 from pb_tensor.serve._inline import InlinePolicy, run_outside_loop
 from pb_tensor.serve._logging import LogSettings
 from pb_tensor.serve._shm import Regions
@@ -84,6 +85,12 @@ class Options:
     # --inline-quick-models: an opt-in, because a model run on the event loop's thread sees
     # a running asyncio loop (asyncio.run in its execute fails) where Triton's stub has none.
     inline_quick_models: bool = False
+    # --http-header-forward-pattern, --grpc-header-forward-pattern: headers whose names
+    # match become string request parameters ("" forwards none)
+    http_header_forward_pattern: str = ""
+    grpc_header_forward_pattern: str = ""
+    # --exit-timeout-secs: how long a stop waits for requests in flight
+    exit_timeout_secs: int = 30
     # --http-max-input-size (Triton's default: 64 MiB)
     max_input_size: int = 64 * 1024 * 1024
     # --host-policy: {policy name: {setting: value}} (ModelRepository's host_policies)
@@ -147,6 +154,15 @@ class Core:
                 "explicit)", UNAVAILABLE,
             )
         self.options = options
+        # Headers forwarded as request parameters, by front door (None: none are).
+        self.http_headers = (
+            HeaderForwarder(options.http_header_forward_pattern, "--http-header-forward-pattern")
+            if options.http_header_forward_pattern else None
+        )
+        self.grpc_headers = (
+            HeaderForwarder(options.grpc_header_forward_pattern, "--grpc-header-forward-pattern")
+            if options.grpc_header_forward_pattern else None
+        )
         # What the models reach through BLS and pb_utils' model control: this server's
         # models, as in Triton (a repository alone would load what they name).
         self._server_models = _ServerModels(self)

@@ -150,6 +150,9 @@ class _Service:
                                  "transaction policy", UNSUPPORTED)
             parsed = Request(request, stream=False, writable=self.core.options.in_process,
                               regions=self.core.regions)
+            if self.core.grpc_headers is not None:
+                parsed.parameters.update(self.core.grpc_headers.parameters(
+                    context.invocation_metadata() or ()))
             outputs = await self.core.infer(
                 model, parsed.inputs, parsed.requested, parsed.parameters, request.id,
                 parsed.correlation_id, parsed.flags,
@@ -168,7 +171,8 @@ class _Service:
         done = object()
         streams: set[Any] = set()
         state: dict[str, Any] = {"active": 1, "tail": None,
-                                 "grpc_error": _grpc_error_mode(context)}  # fmt: skip
+                                 "grpc_error": _grpc_error_mode(context),
+                                 "metadata": context.invocation_metadata() or ()}  # fmt: skip
 
         def put(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -234,6 +238,8 @@ class _Service:
             model = self.core.model(request.model_name, request.model_version)
             parsed = Request(request, stream=True, writable=self.core.options.in_process,
                               regions=self.core.regions)
+            if self.core.grpc_headers is not None:  # the stream's, for each of its requests
+                parsed.parameters.update(self.core.grpc_headers.parameters(state["metadata"]))
             if not model.decoupled:  # one response: run it as ModelInfer runs it
                 self._start_single(request, model, parsed, put, done, error, streams,
                                    in_order())

@@ -317,6 +317,9 @@ class HttpApp:
             body, header_length(raw_len.decode("latin-1") if raw_len else None, len(body)),
             name, core.options.max_input_size, core.regions,
         )  # fmt: skip
+        if core.http_headers is not None:  # after the body's, as tritonserver adds them
+            call.parameters.update(core.http_headers.parameters(
+                (k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]))
         task = asyncio.ensure_future(core.infer(
             model, call.inputs, call.requested, call.parameters, call.request_id,
             call.correlation_id, call.flags,
