@@ -6,6 +6,8 @@ modes:
   plain, decoupled and BLS models, and the errors for parameters a response may not carry;
 * ``L0_backend_python/bls/bls_parameters_test.py`` (``bls/test.sh``'s "BLS parameters" part):
   a model with four instances calling itself through BLS with request parameters;
+* ``L0_backend_python/ensemble/ensemble_test.py``: an ensemble of two Python models (its GPU
+  case needs a GPU and a libtorch model);
 * ``L0_backend_python/async_execute/concurrency_test.py``: ``async def execute`` of decoupled
   models running requests of one instance concurrently, BLS included, and what the server's
   log says of it.
@@ -43,7 +45,7 @@ class _Client:
 
     folder: str
     test: str
-    models: tuple[str, ...]
+    models: tuple[str | tuple[str, str], ...]  # a model, or (its name here, the model copied)
     command: tuple[str, ...]
     passed: str
     repository: str = "models"
@@ -59,6 +61,14 @@ _CLIENTS = {
     "bls_parameters": _Client(
         "bls", "bls_parameters_test.py", ("bls_parameters",),
         ("bls_parameters_test.py",), "\nOK", repository="params_models",
+    ),
+    # test.sh's ensemble of two add_sub copies; its ensemble_gpu half needs a GPU and a
+    # libtorch model (test_ensemble_gpu is deselected).
+    "ensemble": _Client(
+        "ensemble", "ensemble_test.py",
+        ("ensemble", ("add_sub_1", "add_sub"), ("add_sub_2", "add_sub")),
+        ("-m", "pytest", "-p", "no:cacheprovider", "ensemble_test.py", "-k", "not gpu"),
+        "1 passed",
     ),
     "async_execute": _Client(
         "async_execute", "concurrency_test.py",
@@ -77,11 +87,14 @@ def test_upstream_client(tmp_path: Path, name: str, mode: str) -> None:
     here = tmp_path / "L0_backend_python" / client.folder
     here.mkdir(parents=True)
     shutil.copy(_QA / "L0_backend_python" / client.folder / client.test, here)
-    for model in client.models:
-        target = here / client.repository / model
+    for entry in client.models:
+        name, model = (entry, entry) if isinstance(entry, str) else entry
+        target = here / client.repository / name
         (target / "1").mkdir(parents=True)
-        shutil.copy(_QA / "python_models" / model / "model.py", target / "1" / "model.py")
-        shutil.copy(_QA / "python_models" / model / "config.pbtxt", target / "config.pbtxt")
+        source = _QA / "python_models" / model
+        if (source / "model.py").is_file():  # (an ensemble has none)
+            shutil.copy(source / "model.py", target / "1" / "model.py")
+        shutil.copy(source / "config.pbtxt", target / "config.pbtxt")
     skip_unless_upstream_ports(client.test)
     log = here / f"{name}.server.log"
     args = [f"--model-repository={here / client.repository}", "--log-verbose=1"]
