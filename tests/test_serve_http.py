@@ -371,8 +371,8 @@ def test_a_model_name_python_backend_refuses(triton_server: Any, in_process: boo
                                       "file:1/model.py": model_py}}).encode()
     status, message = error_of(server.http_url, "/v2/repository/models/a;b/load", body)
     assert status == 400
-    assert message.startswith("load failed for model 'a;b': failed to load model 'a;b' ")
-    assert message.endswith(": Invalid stub name: contains invalid characters\n")
+    assert message == ("load failed for model 'a;b': version 1 is at UNAVAILABLE state: "
+                       "Invalid argument: Invalid stub name: contains invalid characters;\n")
 
 
 @pytest.mark.parametrize("in_process", [False, True], ids=["stubs", "in_process"])
@@ -393,3 +393,30 @@ def test_double_parameters_reach_the_model(triton_server: Any, tmp_path: Any,
             got = json.loads(result.as_numpy("OUT")[0])
             assert got == {"ratio": 0.25, "n": 3}
             assert type(got["ratio"]) is float
+
+
+def test_a_failed_load_in_cores_words(triton_server: Any, tmp_path: Any) -> None:
+    # core's ModelLifeCycle: the load request's error names the version's state and its
+    # reason (python_backend's INTERNAL status and the model's error); the index row holds
+    # the reason.
+    import shutil
+
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+    from upstream_models import PYTHON_MODELS
+
+    (tmp_path / "init_error" / "1").mkdir(parents=True)
+    shutil.copy(PYTHON_MODELS / "init_error" / "model.py", tmp_path / "init_error" / "1")
+    shutil.copy(PYTHON_MODELS / "init_error" / "config.pbtxt", tmp_path / "init_error")
+    server = triton_server(str(tmp_path), model_control_mode="explicit", allow_grpc=False,
+                           allow_metrics=False)  # fmt: skip
+    path = tmp_path / "init_error" / "1" / "model.py"
+    reason = (f"Internal: NameError: name 'lorem_ipsum' is not defined\n\nAt:\n  {path}(33): "
+              "initialize\n")
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model("init_error")
+        assert caught.value.message() == (
+            f"load failed for model 'init_error': version 1 is at UNAVAILABLE state: {reason};\n")
+        assert client.get_model_repository_index() == [
+            {"name": "init_error", "version": "1", "state": "UNAVAILABLE", "reason": reason}]

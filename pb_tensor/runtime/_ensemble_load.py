@@ -130,7 +130,8 @@ def load_ensemble(
                         f"Model '{step_name}' failed with error: {exc}") from None
                 raise EnsembleConfigError(
                     f"ensemble '{name}' depends on '{step_name}' which has no loaded "
-                    f"version. Model '{step_name}' loading failed with error: {exc}") from None
+                    f"version. Model '{step_name}' loading failed with error: "
+                    f"{exc.core_status()}") from None
         # One configuration per model, whatever the version (Triton's layout).
         completed = {
             n: _schema.config_from_dict(m.config, where=f"model '{n}'")

@@ -66,7 +66,27 @@ class ResponseSenderDropped(InferenceError):
 class ModelLoadError(TritonModelException):
     """A model could not be loaded: a missing or malformed ``config.pbtxt``, a missing
     ``model.py``, no ``TritonPythonModel`` class, or ``auto_complete_config`` /
-    ``initialize`` raised. The message names the model, the file and Triton's message."""
+    ``initialize`` raised. The message names the model, the file and Triton's message.
+
+    ``version`` and ``reason`` are set when a version failed as it was created (core's
+    ``ModelLifeCycle``): the version, and its state reason as core records it (the status
+    code's name and Triton's message: ``Internal: ValueError: ...``); None otherwise.
+    """
+
+    def __init__(self, message: str, *, version: int | None = None,
+                 reason: str | None = None) -> None:  # fmt: skip
+        super().__init__(message)
+        self.version = version
+        self.reason = reason
+
+    def core_status(self) -> str:
+        """The message of core's load status for this failure: ``version N is at
+        UNAVAILABLE state: <reason>;`` for a version that failed as it was created (what a
+        Triton client's load request reports after ``load failed for model 'm': ``), else
+        the message."""
+        if self.version is None or self.reason is None:
+            return str(self)
+        return f"version {self.version} is at UNAVAILABLE state: {self.reason};"
 
 
 class VersionNotServed(ModelLoadError):

@@ -418,7 +418,7 @@ class ModelRepository:
 
         engines: list[StubEngine] = []
         cls: type | None = None
-        _check_stub_name(name, where)  # (the auto-complete stub's, named after the model)
+        _check_stub_name(name, where, version)  # (the auto-complete stub's: the model's name)
         try:
             if isolated:
                 engines.append(StubEngine(self.pool, model_path, name, on_stub_message))
@@ -448,7 +448,7 @@ class ModelRepository:
             planned = plan(final)
             infos = [info for info, _ in planned]
             for info in infos:
-                _check_stub_name(info.instance_name, where)
+                _check_stub_name(info.instance_name, where, version)
             model = LoadedModel(
                 self, name=name, version=version, config=_schema.config_to_dict(final),
                 spec=ModelSpec.from_config(final), isolated=isolated,
@@ -512,6 +512,13 @@ class ModelRepository:
         except (StubFailure, UserModelError, _schema.ConfigError, HostPolicyError) as exc:
             for engine in engines:
                 engine.kill()
+            if isinstance(exc, (StubFailure, UserModelError)):
+                # What the stub reported, as python_backend's model / instance creation
+                # gives it core (INTERNAL): the version fails as it is created.
+                raise ModelLoadError(f"failed to load {where}: {exc}", version=version,
+                                     reason=f"Internal: {exc}") from None
+            # (A configuration core refuses mostly while it polls the repository, before
+            # any version exists: its text stays the runtime's.)
             raise ModelLoadError(f"failed to load {where}: {exc}") from None
         except BaseException:
             for engine in engines:
@@ -716,7 +723,7 @@ class ModelRepository:
                     model.unload()
                 raise
         except ModelLoadError as exc:
-            raise InferenceError(f"load failed for model '{name}': {exc}\n",
+            raise InferenceError(f"load failed for model '{name}': {exc.core_status()}\n",
                                  TritonError.INTERNAL) from None  # fmt: skip
         with self._lock:
             old = [self._bls[k] for k in new if k in self._bls]
@@ -853,7 +860,7 @@ def _gpu_count() -> int:
 _INVALID_STUB_CHARS = frozenset(";|&$`<>()[]{}\\\"'*?~#!")
 
 
-def _check_stub_name(stub_name: str, where: str) -> None:
+def _check_stub_name(stub_name: str, where: str, version: int) -> None:
     """Refuse, as python_backend does in both of its stubs' launches, a model or instance
     name with a character its ``IsValidIdentifier`` rejects (in-process too: the model must
     load in Triton).
@@ -862,6 +869,6 @@ def _check_stub_name(stub_name: str, where: str) -> None:
         ModelLoadError: upstream's ``Invalid stub name: contains invalid characters``.
     """
     if not stub_name or not _INVALID_STUB_CHARS.isdisjoint(stub_name):
-        raise ModelLoadError(
-            f"failed to load {where}: Invalid stub name: contains invalid characters"
-        )
+        text = "Invalid stub name: contains invalid characters"
+        raise ModelLoadError(f"failed to load {where}: {text}", version=version,
+                             reason=f"Invalid argument: {text}")

@@ -199,6 +199,9 @@ class Core:
         self._timestamps: dict[str, dict[str, int]] = {}
         self._inflight = 0
         self._pending: dict[tuple[str, int], int] = {}  # per model version
+        # model -> the error of its last load when the runtime refused it (composing_model
+        # hands it to the ensemble that needed the model)
+        self._load_errors: dict[str, ModelLoadError] = {}
         self.regions = Regions()
         self._handoff = Handoff(max_workers=64, name="pb-tensor-serve-infer")
         self._idle = threading.Condition(self._lock)
@@ -354,7 +357,10 @@ class Core:
                 self.load(name, None, {}, startup=True, dependency=True)
             except ServeError as exc:
                 with self._lock:
+                    error = self._load_errors.pop(name, None)
                     reasons = [r.reason for r in self._states.get(name, []) if r.reason]
+                if error is not None:  # the runtime's, with core's status
+                    raise error from None
                 raise ModelLoadError(reasons[-1] if reasons else exc.message) from None
         with self._lock:
             if version == -1:
@@ -397,6 +403,8 @@ class Core:
         # load takes its composing models' locks (a lock order the other way round would
         # deadlock with it).
         with self._control_lock(name):
+            with self._lock:
+                self._load_errors.pop(name, None)  # (this load's, if any, replaces it)
             dependents, old, old_override = self._load(name, config, files, dependency,
                                                        affected)  # fmt: skip
         # Triton reloads the ensembles whose composing model changed: they run on the new
@@ -509,10 +517,14 @@ class Core:
                     with self._lock:
                         self._states[name] = []
                 elif serving is None:
-                    self._failed(name, repo, version, str(exc))
+                    self._failed(name, repo, version if exc.version is None else exc.version,
+                                 exc.reason or str(exc))
+                with self._lock:
+                    self._load_errors[name] = exc
                 # else: Triton's "model availability claim": the loaded copy goes on
                 # serving, as it was (ModelLifeCycle::OnLoadFinal).
-                raise ServeError(f"load failed for model '{name}': {exc}\n") from None
+                raise ServeError(f"load failed for model '{name}': {exc.core_status()}\n"
+                                 ) from None
         except BaseException:
             self._discard(override)
             raise
