@@ -130,6 +130,17 @@ def children(pid: int) -> list[int]:
     return found
 
 
+@contextmanager
+def upstream_server(what: str, mode: str, log: Path, *args: str
+                    ) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+    """:func:`serve_process` for upstream's test ``what`` (skipped when 8000-8002 are
+    taken), in ``mode`` ("stub processes" or "in-process")."""
+    skip_unless_upstream_ports(what)
+    extra = ["--in-process"] if mode == "in-process" else []
+    with serve_process([*args, *extra], log) as server:
+        yield server
+
+
 def qa_common(qa: Path) -> None:
     """Upstream's ``qa/common`` helpers the qa client tests import (``../../common``) under
     the test tree ``qa``."""

@@ -117,16 +117,20 @@ MODELS: dict[str, tuple[str, str | None] | str] = {
 }
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Iterator[ModelRepository]:
-    root = tmp_path / "models"
-    for name, spec in MODELS.items():
+def _write(root: Path, models: dict[str, str | tuple[str, str]]) -> Path:
+    """Each model (a configuration, or a configuration and its model.py) under ``root``."""
+    for name, spec in models.items():
         config, code = (spec, None) if isinstance(spec, str) else spec
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
         if code is not None:
             (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
-    with ModelRepository(root) as r:
+    return root
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Iterator[ModelRepository]:
+    with ModelRepository(_write(tmp_path / "models", MODELS)) as r:
         yield r
 
 
@@ -170,14 +174,7 @@ def test_a_step_spoiling_its_input_leaves_the_producers_array(repo: ModelReposit
 
 def test_with_share_inputs_the_steps_get_the_callers_arrays(tmp_path: Path) -> None:
     # ModelRepository(share_inputs=True) opts out of the copies, for the steps too.
-    root = tmp_path / "models"
-    for name in ("spoil", "alone"):
-        spec = MODELS[name]
-        config, code = (spec, None) if isinstance(spec, str) else spec
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
-        if code is not None:
-            (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
+    root = _write(tmp_path / "models", {n: MODELS[n] for n in ("spoil", "alone")})
     given = np.array([1, 2, 3], np.int32)
     with ModelRepository(root, share_inputs=True) as repo:
         got = repo.load("alone", isolated=False).infer({"IN": given})
@@ -210,17 +207,11 @@ def test_with_share_inputs_a_read_only_step_output_reaches_the_next_step_writabl
 ) -> None:
     # Triton hands every step a buffer of its own: the second step exports its input through
     # DLPack and writes into it, though the first one answered with a read-only import.
-    root = tmp_path / "models"
-    models = {"echo": DLPACK_ECHO, "spoil": MODELS["spoil"],
-              "chain": ensemble([step("echo", {"IN": "IN"}, {"OUT": "t"}),
-                                 step("echo", {"IN": "t"}, {"OUT": "u"}),
-                                 step("spoil", {"IN": "u"}, {"OUT": "OUT"})], ["OUT"])}
-    for name, spec in models.items():
-        config, code = (spec, None) if isinstance(spec, str) else spec
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
-        if code is not None:
-            (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
+    root = _write(tmp_path / "models", {
+        "echo": DLPACK_ECHO, "spoil": MODELS["spoil"],
+        "chain": ensemble([step("echo", {"IN": "IN"}, {"OUT": "t"}),
+                           step("echo", {"IN": "t"}, {"OUT": "u"}),
+                           step("spoil", {"IN": "u"}, {"OUT": "OUT"})], ["OUT"])})
     with ModelRepository(root, share_inputs=True) as repo:
         got = repo.load("chain", isolated=False).infer({"IN": np.array([1, 2], np.int32)})
     np.testing.assert_array_equal(got["OUT"], [2, 3])
@@ -249,8 +240,7 @@ KINDS = (
 def test_a_bytes_step_input_arrives_as_bytes(tmp_path: Path, share_inputs: bool) -> None:
     # str values become the bytes Triton's wire form gives, at the first step and at a step
     # fed by another step's BYTES output, with or without the copies.
-    root = tmp_path / "models"
-    for name, spec in {
+    root = _write(tmp_path / "models", {
         "kinds": KINDS,
         "strings": ('platform: "ensemble"\n'
                     'input [ { name: "IN" data_type: TYPE_STRING dims: [ -1 ] } ]\n'
@@ -258,12 +248,7 @@ def test_a_bytes_step_input_arrives_as_bytes(tmp_path: Path, share_inputs: bool)
                     "ensemble_scheduling { step [ "
                     + step("kinds", {"IN": "IN"}, {"OUT": "k"}) + ", "
                     + step("kinds", {"IN": "k"}, {"OUT": "OUT"}) + " ] }\n"),
-    }.items():
-        config, code = (spec, None) if isinstance(spec, str) else spec
-        (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(textwrap.dedent(config))
-        if code is not None:
-            (root / name / "1" / "model.py").write_text(HEADER + textwrap.dedent(code))
+    })
     with ModelRepository(root, share_inputs=share_inputs) as repo:
         got = repo.load("strings", isolated=False).infer(
             {"IN": np.array(["a", "b"], dtype=object)})

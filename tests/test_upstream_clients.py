@@ -28,8 +28,7 @@ from serve_support import (
     needs_serve,
     qa_common,
     run_upstream_client,
-    serve_process,
-    skip_unless_upstream_ports,
+    upstream_server,
 )
 from upstream_models import UPSTREAM
 
@@ -95,11 +94,8 @@ def test_upstream_client(tmp_path: Path, name: str, mode: str) -> None:
         if (source / "model.py").is_file():  # (an ensemble has none)
             shutil.copy(source / "model.py", target / "1" / "model.py")
         shutil.copy(source / "config.pbtxt", target / "config.pbtxt")
-    skip_unless_upstream_ports(client.test)
     log = here / f"{name}.server.log"
-    args = [f"--model-repository={here / client.repository}", "--log-verbose=1"]
-    if mode == "in-process":
-        args.append("--in-process")
-    with serve_process(args, log):
+    with upstream_server(client.test, mode, log,
+                         f"--model-repository={here / client.repository}", "--log-verbose=1"):
         report = run_upstream_client(here, *client.command, env={"SERVER_LOG": str(log)})
     assert client.passed in report, report

@@ -28,8 +28,7 @@ from serve_support import (
     needs_serve,
     qa_common,
     run_upstream_client,
-    serve_process,
-    skip_unless_upstream_ports,
+    upstream_server,
 )
 from upstream_models import UPSTREAM
 
@@ -79,11 +78,8 @@ def _layout(work: Path) -> Path:
 def test_lifecycle(tmp_path: Path, mode: str) -> None:
     pytest.importorskip("requests", reason="lifecycle_test.py reads the metrics with requests")
     here = _layout(tmp_path)
-    skip_unless_upstream_ports("lifecycle_test.py")
-    args = [f"--model-repository={here / 'models'}", "--log-verbose=1"]
-    if mode == "in-process":
-        args.append("--in-process")
-    with serve_process(args, here / "lifecycle_server.log"):
+    with upstream_server("lifecycle_test.py", mode, here / "lifecycle_server.log",
+                         f"--model-repository={here / 'models'}", "--log-verbose=1"):
         report = run_upstream_client(here, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                                      _TEST.name)  # fmt: skip
     assert f"{_CASES} passed" in report, report

@@ -22,8 +22,7 @@ from serve_support import (
     needs_serve,
     qa_common,
     run_upstream_client,
-    serve_process,
-    skip_unless_upstream_ports,
+    upstream_server,
 )
 from upstream_models import UPSTREAM
 
@@ -46,11 +45,9 @@ def test_model_control(tmp_path: Path, mode: str) -> None:
     shutil.copy(identity / "config.pbtxt", models / "identity_fp32" / "config.pbtxt")
     shutil.copy(_QA / "python_models" / "simple_identity_fp32" / "config.pbtxt",
                 models / "simple_identity_fp32" / "config.pbtxt")  # fmt: skip
-    skip_unless_upstream_ports("model_control_test.py")
-    args = [f"--model-repository={models}", "--model-control-mode=explicit", "--log-verbose=1"]
-    if mode == "in-process":
-        args.append("--in-process")
-    with serve_process(args, here / "model_control_server.log"):
+    with upstream_server("model_control_test.py", mode, here / "model_control_server.log",
+                         f"--model-repository={models}", "--model-control-mode=explicit",
+                         "--log-verbose=1"):  # fmt: skip
         whole = run_upstream_client(here, "-m", "pytest", "-p", "no:cacheprovider", "-rs",
                                     "model_control_test.py")  # fmt: skip
         again = run_upstream_client(here, "-m", "pytest", "-p", "no:cacheprovider", "-rs",

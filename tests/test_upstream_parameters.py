@@ -24,8 +24,7 @@ import pytest
 from serve_support import (
     needs_serve,
     run_upstream_client,
-    serve_process,
-    skip_unless_upstream_ports,
+    upstream_server,
 )
 from test_upstream_ensemble import IDENTITY, L0_PARAMETERS
 
@@ -55,12 +54,9 @@ def test_parameters(tmp_path: Path, mode: str) -> None:
     identity.write_text(identity.read_text().replace('backend: "identity"',
                                                      'backend: "python"'))  # fmt: skip
     (root / "identity" / "1" / "model.py").write_text(IDENTITY)
-    skip_unless_upstream_ports("parameters_test.py")
     for case, flags in _CASES.items():
-        args = [f"--model-repository={root}", "--exit-timeout-secs=120", *flags]
-        if mode == "in-process":
-            args.append("--in-process")
-        with serve_process(args, here / f"{case}.server.log"):
+        with upstream_server("parameters_test.py", mode, here / f"{case}.server.log",
+                             f"--model-repository={root}", "--exit-timeout-secs=120", *flags):
             report = run_upstream_client(
                 here, "-m", "unittest", f"parameters_test.InferenceParametersTest.{case}")
         assert "\nOK" in report, report

@@ -22,8 +22,7 @@ from serve_support import (
     needs_serve,
     qa_common,
     run_upstream_client,
-    serve_process,
-    skip_unless_upstream_ports,
+    upstream_server,
 )
 from upstream_models import UPSTREAM
 
@@ -71,15 +70,13 @@ def _layout(work: Path) -> Path:
 @pytest.mark.parametrize("mode", ["stub processes", "in-process"])
 def test_response_sender(tmp_path: Path, mode: str) -> None:
     here = _layout(tmp_path)
-    skip_unless_upstream_ports("response_sender_test.py")
-    extra = ["--in-process"] if mode == "in-process" else []
     for models, test, expected in (
         ("models", "response_sender_test.py", "19 passed, 2 skipped"),
         ("models_complete_final", "response_sender_complete_final_test.py", "1 passed"),
     ):
         log = here / f"{test}.server.log"
-        with serve_process([f"--model-repository={here / models}", "--log-verbose=1", *extra],
-                           log):  # fmt: skip
+        with upstream_server("response_sender_test.py", mode, log,
+                             f"--model-repository={here / models}", "--log-verbose=1"):
             report = run_upstream_client(here, "-m", "pytest", "-p", "no:cacheprovider",
                                          "-q", test, env={"SERVER_LOG": str(log)})  # fmt: skip
         assert expected in report, report

@@ -21,8 +21,7 @@ from serve_support import (
     needs_serve,
     qa_common,
     run_upstream_client,
-    serve_process,
-    skip_unless_upstream_ports,
+    upstream_server,
 )
 from upstream_models import UPSTREAM
 
@@ -42,11 +41,8 @@ def test_string_io(tmp_path: Path, mode: str) -> None:
     shutil.copy(_QA / "python_models" / "string_identity" / "model.py", model / "1")
     config = (_QA / "python_models" / "string_identity" / "config.pbtxt").read_text()
     (model / "config.pbtxt").write_text(re.sub(r"\[ 1 \]", "[ 8 ]", config, count=1))
-    skip_unless_upstream_ports("string_client_test.py")
-    args = [f"--model-repository={here / 'models'}"]
-    if mode == "in-process":
-        args.append("--in-process")
-    with serve_process(args, here / "inference_server.log"):
+    with upstream_server("string_client_test.py", mode, here / "inference_server.log",
+                         f"--model-repository={here / 'models'}"):  # fmt: skip
         run_upstream_client(here, "string_client_test.py", "-v")
     # test.sh: check_test_results $TEST_RESULT_FILE $EXPECTED_NUM_TESTS (1)
     results = json.loads((here / "test_results.txt").read_text())
