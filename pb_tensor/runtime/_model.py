@@ -267,7 +267,8 @@ class LoadedModel:
         where: list[int] = []
         for i, data in enumerate(batch):
             if isinstance(data.correlation_id, str) and len(data.correlation_id) > 128:
-                error = RequestRefused(  # TRITONSERVER_InferenceRequestSetCorrelationIdString
+                # TRITONSERVER_InferenceRequestSetCorrelationIdString's refusal
+                error: InferenceError = RequestRefused(
                     "string correlation ID cannot be longer than 128 characters",
                     TritonError.UNSUPPORTED,
                 )
@@ -292,7 +293,7 @@ class LoadedModel:
             where.append(i)
         scheduler = self._scheduler
         if scheduler is None:  # a request during initialize
-            error = unloaded_error(self._name)
+            error = unloaded_error(self._name, refused=True)
             return early + [Reply(i, [], error, "{}", FINAL, False) for i in where]
         if early:
             end = time.monotonic_ns()

@@ -28,7 +28,7 @@ from pb_tensor.runtime._scheduling._stats import Statistics
 from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error
 
-__all__ = ["DynamicBatcher", "Item", "RunBatch", "Sink", "gather_replies"]
+__all__ = ["DynamicBatcher", "Item", "RunBatch", "Sink", "gather_replies", "unloaded_error"]
 
 class RunBatch(Protocol):
     """``run(instance, batch, timeout, cancels, returned, on_sent)``: the replies of one
@@ -144,10 +144,11 @@ class DynamicBatcher:
 
     def submit(
         self, batch: list[RequestData], where: list[int], start_ns: int, timeout: float | None,
-        cancel: Cancellation | None, priority: int = 0,
+        cancel: Cancellation | None, priority: int = 0, *, here: bool = True,
     ) -> Iterator[Reply]:
         """Queue ``batch`` (its requests' indexes for the caller: ``where``); the replies
-        of each, as they come, ending with each request's final one.
+        of each, as they come, ending with each request's final one. ``here=False``: never
+        run a batch in the calling thread (the replies are read in another).
 
         A cancelled ``cancel`` takes the requests out of the queue (Triton's CANCELLED
         error), or reaches the model when they already run."""
@@ -158,7 +159,7 @@ class DynamicBatcher:
         # third of a stub model's round trip). Decoupled batches keep the instance's thread
         # (the instance takes its next batch while this one's responses still come).
         cancels, work = self._enqueue(batch, where, start_ns, timeout, cancel, priority, out,
-                                      self._hold)  # fmt: skip
+                                      here and self._hold)  # fmt: skip
         if work is not None:
             self._run_here(*work)
         return gather_replies(out, len(batch), cancels)
@@ -189,7 +190,7 @@ class DynamicBatcher:
             ))  # fmt: skip
         with self._cond:
             if self._closed:
-                error = _unloaded(self._name, refused=True)
+                error = unloaded_error(self._name, refused=True)
                 for entry in entries:
                     entry.end(error, self._stats)
                 entries = []
@@ -268,7 +269,7 @@ class DynamicBatcher:
             self._cond.notify_all()
             for work in self._workers.values():
                 work.put(None)  # after the batches it holds
-        error = _unloaded(self._name)
+        error = unloaded_error(self._name, refused=False)
         for entry in entries:
             entry.end(error, self._stats)
 
@@ -528,8 +529,10 @@ def _deliver(delivery: _Delivery) -> None:
         out.put(reply)
 
 
-def _unloaded(name: str, *, refused: bool = False) -> InferenceError:
-    kind = RequestRefused if refused else InferenceError  # refused: when it was submitted
+def unloaded_error(name: str, *, refused: bool) -> InferenceError:
+    """What a request to a model that was unloaded gets (Triton's text): ``refused`` when it
+    was submitted (a ``RequestRefused``), else while it waited in a queue."""
+    kind = RequestRefused if refused else InferenceError
     return kind(f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG)
 
 

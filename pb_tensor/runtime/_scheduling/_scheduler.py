@@ -4,31 +4,22 @@ recording the statistics of each."""
 
 from __future__ import annotations
 
-import queue
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pb_tensor.runtime._engines import Cancels
-from pb_tensor.runtime._errors import InferenceError, RequestRefused
+from pb_tensor.runtime._errors import InferenceError
 from pb_tensor.runtime._host import RequestData
 from pb_tensor.runtime._scheduling._batch_policy import batch_policy, one_at_a_time
-from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, Item, Sink, gather_replies
+from pb_tensor.runtime._scheduling._batcher import DynamicBatcher, Sink, unloaded_error
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet, Lease
 from pb_tensor.runtime._scheduling._sequence import SequenceBatcher
 from pb_tensor.runtime._scheduling._sequence_policy import sequence_policy
 from pb_tensor.runtime._scheduling._stats import Statistics
-from pb_tensor.runtime._seam import TritonError
 from pb_tensor.runtime._tracker import FINAL, Cancellation, Reply, cancelled_error, serving_bls_here
 
 __all__ = ["Scheduler", "unloaded_error"]
-
-
-def unloaded_error(name: str) -> RequestRefused:
-    """What a request to a model that was unloaded gets (Triton's text), refused."""
-    return RequestRefused(
-        f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG
-    )
 
 
 def _ended(where: list[int], error: InferenceError) -> list[Reply]:
@@ -114,12 +105,8 @@ class Scheduler:
             if refusal is not None:
                 self._failed(len(valid), start_ns)
                 return _ended(where, refusal)
-            if queued:
-                out: queue.SimpleQueue[Item] = queue.SimpleQueue()
-                cancels = batcher.enqueue(valid, where, start_ns, timeout, cancel, priority,
-                                          out)  # fmt: skip
-                return gather_replies(out, len(valid), cancels)
-            return batcher.submit(valid, where, start_ns, timeout, cancel, priority)
+            return batcher.submit(valid, where, start_ns, timeout, cancel, priority,
+                                  here=not queued)  # fmt: skip
         if self._eager:
             return self._run_now(valid, where, timeout, cancel, start_ns)
         return self._run_lazily(valid, where, timeout, cancel, start_ns)
@@ -169,7 +156,7 @@ class Scheduler:
             return _ended(where, refusal)
         if instance is None:
             self._failed(count, start_ns)
-            return _ended(where, unloaded_error(self.name))
+            return _ended(where, unloaded_error(self.name, refused=True))
         if cancel is not None and cancel.cancelled:
             self.instances.release(instance)
             self._failed(count, start_ns)

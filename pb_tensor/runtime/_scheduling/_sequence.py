@@ -30,7 +30,7 @@ import numpy as np
 from pb_tensor import Tensor
 from pb_tensor.runtime._errors import InferenceError, RequestRefused
 from pb_tensor.runtime._host import RequestData
-from pb_tensor.runtime._scheduling._batcher import gather_replies
+from pb_tensor.runtime._scheduling._batcher import gather_replies, unloaded_error
 from pb_tensor.runtime._scheduling._instances import Instance, InstanceSet
 from pb_tensor.runtime._scheduling._sequence_policy import SequencePolicy
 from pb_tensor.runtime._scheduling._stats import Statistics
@@ -162,7 +162,7 @@ class SequenceBatcher:
                                  cancel if cancel is not None else Cancellation(), out)  # fmt: skip
                 cancels.append(entry.cancel)
                 if self._closed:
-                    entry.end(_unloaded(self._name, refused=True), self._stats)
+                    entry.end(unloaded_error(self._name, refused=True), self._stats)
                     continue
                 refusal = self._refusal(data)
                 if refusal is None:
@@ -338,7 +338,7 @@ class SequenceBatcher:
                 for sequence in slots:
                     sequence.queue.clear()
             self._cond.notify_all()
-        error = _unloaded(self._name)
+        error = unloaded_error(self._name, refused=False)
         for entry in entries:
             entry.end(error, self._stats)
 
@@ -420,7 +420,7 @@ class SequenceBatcher:
                 with self._cond:
                     for sequence, entry in filter(None, batch):
                         sequence.in_flight = False
-                        entry.end(_unloaded(self._name), self._stats)
+                        entry.end(unloaded_error(self._name, refused=False), self._stats)
                 return
             try:
                 self._execute(instance, batch)
@@ -521,8 +521,3 @@ def _null(tensor: Tensor) -> Tensor:
     if array.dtype == np.object_:
         return Tensor(tensor.name(), np.full(array.shape, b"", dtype=np.object_))
     return Tensor(tensor.name(), np.zeros_like(array))
-
-
-def _unloaded(name: str, *, refused: bool = False) -> InferenceError:
-    kind = RequestRefused if refused else InferenceError  # refused: when it was submitted
-    return kind(f"Request for unknown model: '{name}' is not found", TritonError.INVALID_ARG)
