@@ -86,6 +86,10 @@ def test_an_invalid_pattern_is_refused_at_start() -> None:
                       http_header_forward_pattern="MY_(")
     with pytest.raises(ServeError, match=r"^invalid --http-header-forward-pattern 'MY_\(': "):
         Server(options)
+    options.http_header_forward_pattern = "MY_(?=X)"  # Python's, not RE2's
+    with pytest.raises(ServeError, match="lookarounds, backreferences and conditionals are "
+                                         "not RE2 syntax"):  # fmt: skip
+        Server(options)
 
 
 def test_the_flags_are_tritonservers() -> None:

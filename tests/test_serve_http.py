@@ -420,3 +420,33 @@ def test_a_failed_load_in_cores_words(triton_server: Any, tmp_path: Any) -> None
             f"load failed for model 'init_error': version 1 is at UNAVAILABLE state: {reason};\n")
         assert client.get_model_repository_index() == [
             {"name": "init_error", "version": "1", "state": "UNAVAILABLE", "reason": reason}]
+
+
+def test_an_ensemble_on_a_model_that_fails_to_load_quotes_its_status(
+    triton_server: Any, tmp_path: Any,
+) -> None:
+    # core's CheckNode: "... which has no loaded version. Model 'm' loading failed with
+    # error: <the composing model's load status>".
+    import tritonclient.http as httpclient
+    from runtime_models import ensemble, step
+    from tritonclient.utils import InferenceServerException
+
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def initialize(self, args):\n"
+        "        raise ValueError('no')\n")  # fmt: skip
+    (tmp_path / "broken" / "config.pbtxt").write_text(
+        'backend: "python"\ninput [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n')
+    (tmp_path / "e" / "1").mkdir(parents=True)
+    (tmp_path / "e" / "config.pbtxt").write_text(
+        ensemble([step("broken", {"IN": "IN"}, {"OUT": "OUT"})]))
+    server = triton_server(str(tmp_path), model_control_mode="explicit", allow_grpc=False,
+                           allow_metrics=False)  # fmt: skip
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        with pytest.raises(InferenceServerException) as caught:
+            client.load_model("e")
+    message = caught.value.message()
+    assert ("ensemble 'e' depends on 'broken' which has no loaded version. Model 'broken' "
+            "loading failed with error: version 1 is at UNAVAILABLE state: Internal: "
+            "ValueError: no\n") in message, message

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pb_tensor.runtime import (
@@ -47,7 +47,7 @@ from pb_tensor.serve._inline import InlinePolicy, run_outside_loop
 from pb_tensor.serve._logging import LogSettings
 from pb_tensor.serve._shm import Regions
 
-__all__ = ["Core", "ModelState", "Options", "parse_version"]
+__all__ = ["Core", "ModelState", "Options", "parse_version", "responses"]
 
 log = logging.getLogger("pb_tensor.serve")
 
@@ -131,6 +131,22 @@ def parse_version(text: str) -> int:
     return version
 
 
+def responses(stream: ResponseStream) -> Iterator[Outputs | InferenceError]:
+    """A request's responses as Triton's front ends get them: each response's outputs, an
+    error response as its error, and what the model sends after an error that was not final.
+    ``ResponseSenderDropped`` comes last when the model let go of the request's sender (no
+    final flag then: Triton's front ends send nothing more)."""
+    while True:
+        try:
+            yield next(stream)
+        except StopIteration:
+            return
+        except InferenceError as exc:
+            yield exc
+            if stream.finished:
+                return
+
+
 def inference_error(exc: InferenceError) -> ServeError:
     """The runtime's error as a front-door error (same message and code)."""
     return ServeError(exc.message(), int(exc.code()), refused=isinstance(exc, RequestRefused))
@@ -199,9 +215,6 @@ class Core:
         self._timestamps: dict[str, dict[str, int]] = {}
         self._inflight = 0
         self._pending: dict[tuple[str, int], int] = {}  # per model version
-        # model -> the error of its last load when the runtime refused it (composing_model
-        # hands it to the ensemble that needed the model)
-        self._load_errors: dict[str, ModelLoadError] = {}
         self.regions = Regions()
         self._handoff = Handoff(max_workers=64, name="pb-tensor-serve-infer")
         self._idle = threading.Condition(self._lock)
@@ -356,11 +369,10 @@ class Core:
             try:
                 self.load(name, None, {}, startup=True, dependency=True)
             except ServeError as exc:
+                if isinstance(exc.__cause__, ModelLoadError):  # the runtime's, core's status
+                    raise exc.__cause__ from None
                 with self._lock:
-                    error = self._load_errors.pop(name, None)
                     reasons = [r.reason for r in self._states.get(name, []) if r.reason]
-                if error is not None:  # the runtime's, with core's status
-                    raise error from None
                 raise ModelLoadError(reasons[-1] if reasons else exc.message) from None
         with self._lock:
             if version == -1:
@@ -403,8 +415,6 @@ class Core:
         # load takes its composing models' locks (a lock order the other way round would
         # deadlock with it).
         with self._control_lock(name):
-            with self._lock:
-                self._load_errors.pop(name, None)  # (this load's, if any, replaces it)
             dependents, old, old_override = self._load(name, config, files, dependency,
                                                        affected)  # fmt: skip
         # Triton reloads the ensembles whose composing model changed: they run on the new
@@ -519,12 +529,11 @@ class Core:
                 elif serving is None:
                     self._failed(name, repo, version if exc.version is None else exc.version,
                                  exc.reason or str(exc))
-                with self._lock:
-                    self._load_errors[name] = exc
                 # else: Triton's "model availability claim": the loaded copy goes on
                 # serving, as it was (ModelLifeCycle::OnLoadFinal).
+                # (from exc: an ensemble loading this model quotes it, composing_model)
                 raise ServeError(f"load failed for model '{name}': {exc.core_status()}\n"
-                                 ) from None
+                                 ) from exc
         except BaseException:
             self._discard(override)
             raise

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -17,11 +17,9 @@ import numpy as np
 from pb_tensor.runtime import (
     InferenceError,
     LoadedModel,
-    Outputs,
     ResponseSenderDropped,
-    ResponseStream,
 )
-from pb_tensor.serve._core import Core, inference_error
+from pb_tensor.serve._core import Core, inference_error, responses
 from pb_tensor.serve._errors import ServeError, http_status
 from pb_tensor.serve._http_infer import parse_json
 from pb_tensor.serve._tensors import bytes_text, from_json, json_bytes
@@ -121,7 +119,9 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
 
     def run() -> None:
         try:
-            for item in _responses(stream):
+            for item in responses(stream):
+                if isinstance(item, ResponseSenderDropped):
+                    break  # (Triton's response would never end: this one ends here)
                 if isinstance(item, InferenceError):  # Triton goes on after an error response
                     loop.call_soon_threadsafe(queue.put_nowait, inference_error(item))
                 else:
@@ -171,23 +171,6 @@ async def generate(core: Core, model: LoadedModel, body: bytearray, streaming: b
         watcher.cancel()
 
 
-def _responses(stream: ResponseStream) -> Iterator[Outputs | InferenceError]:
-    """A decoupled request's responses as Triton's HTTP front end gets them: an error
-    response as its error, and the ones the model sends after it when it was not final;
-    nothing more once the model let go of its sender (no final flag comes in Triton)."""
-    while True:
-        try:
-            yield next(stream)
-        except StopIteration:
-            return
-        except ResponseSenderDropped:
-            return
-        except InferenceError as exc:
-            yield exc
-            if stream.finished:
-                return
-
-
 _NOT_ONE = ("generate expects model to produce exactly 1 response, use generate stream for "
             "model that generates various number of responses")
 
@@ -202,7 +185,9 @@ async def _generate_once(core: Core, model: LoadedModel, inputs: dict[str, Any],
     def run() -> list[dict[str, Any] | ServeError]:
         entries: list[dict[str, Any] | ServeError] = []
         try:
-            for item in _responses(stream):
+            for item in responses(stream):
+                if isinstance(item, ResponseSenderDropped):
+                    break
                 if isinstance(item, InferenceError):
                     entries.append(inference_error(item))
                     continue

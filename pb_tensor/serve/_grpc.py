@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from pb_tensor.serve import _protos
-from pb_tensor.serve._core import Core, Options
+from pb_tensor.serve._core import Core, Options, responses
 from pb_tensor.serve._errors import (
     ALREADY_EXISTS,
     CANCELLED,
@@ -267,22 +267,18 @@ class _Service:
             # sent (empty) only when the request enabled it.
             final = False
             try:
-                while not final:
-                    try:
-                        outputs = next(stream)
-                    except StopIteration:
-                        break
-                    except ResponseSenderDropped:
+                for item in responses(stream):
+                    if isinstance(item, ResponseSenderDropped):
                         # Triton's response factory went with the sender: nothing more comes.
                         return
-                    except InferenceError as exc:
+                    if isinstance(item, InferenceError):
                         final = stream.finished
-                        put(error(exc.message(), isinstance(exc, RequestRefused),
-                                  int(exc.code()), final))  # fmt: skip
+                        put(error(item.message(), isinstance(item, RequestRefused),
+                                  int(item.code()), final))  # fmt: skip
                         continue
-                    response = response_of(request, model.version, outputs, parsed,
+                    response = response_of(request, model.version, item, parsed,
                                            self.core.regions)
-                    final = outputs.final
+                    final = item.final
                     response.parameters["triton_final_response"].bool_param = final
                     put(_M("ModelStreamInferResponse")(infer_response=response))
                 if decoupled and parsed.empty_final and not final:

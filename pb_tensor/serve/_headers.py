@@ -4,8 +4,8 @@
 tritonserver puts ``(?i)`` before the pattern (header names are case-insensitive) and
 forwards each header whose name the pattern matches anywhere (RE2's ``PartialMatch``) as a
 string parameter, refusing the names Triton reserves. The pattern is RE2's; the common
-subset is Python's, and a pattern starting with RE2's ``(?-i)`` (which Python accepts only as a
-scoped group) matches case-sensitively.
+subset is Python's (what RE2 lacks is refused), and a pattern starting with RE2's ``(?-i)``
+(which Python accepts only as a scoped group) matches case-sensitively.
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ _RESERVED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priorit
                        "timeout", "headers", "binary_data_output"})  # fmt: skip
 
 
+# Python's constructs RE2 refuses: lookahead / lookbehind, named and numbered
+# backreferences, conditionals.
+_NOT_RE2 = re.compile(r"\(\?(?:=|!|<=|<!|P=|\()|\\[1-9]")
+
+
 class HeaderForwarder:
     """The request parameters a pattern takes from a request's headers.
 
@@ -35,6 +40,10 @@ class HeaderForwarder:
         flags = re.IGNORECASE
         if pattern.startswith("(?-i)"):
             pattern, flags = pattern[len("(?-i)"):], re.RegexFlag(0)
+        if _NOT_RE2.search(pattern):
+            # RE2 has none of these: tritonserver's pattern would forward nothing.
+            raise ServeError(f"invalid {flag} '{pattern}': lookarounds, backreferences and "
+                             "conditionals are not RE2 syntax")
         try:
             self._regex = re.compile(pattern, flags)
         except re.error as exc:
