@@ -443,9 +443,9 @@ def test_an_ensemble_on_a_model_that_fails_to_load_quotes_its_status(
         ensemble([step("broken", {"IN": "IN"}, {"OUT": "OUT"})]))
     server = triton_server(str(tmp_path), model_control_mode="explicit", allow_grpc=False,
                            allow_metrics=False)  # fmt: skip
-    with httpclient.InferenceServerClient(server.http_url) as client:
-        with pytest.raises(InferenceServerException) as caught:
-            client.load_model("e")
+    with httpclient.InferenceServerClient(server.http_url) as client, \
+            pytest.raises(InferenceServerException) as caught:  # fmt: skip
+        client.load_model("e")
     message = caught.value.message()
     assert ("ensemble 'e' depends on 'broken' which has no loaded version. Model 'broken' "
             "loading failed with error: version 1 is at UNAVAILABLE state: Internal: "
